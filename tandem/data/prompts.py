@@ -1,0 +1,22 @@
+"""Turning a problem into the model's input text, the same way for every model and dataset.
+
+The instruction asks for the final answer in ``\\boxed{}``, which is what the reward verifies.
+What this file leaves out: tokenization and batching (the data module and the engine).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+INSTRUCTION = "Put the final answer in \\boxed{}."
+
+
+def user_message(problem: str, instruction: str = INSTRUCTION) -> str:
+    """The user turn for ``problem``: the problem, then the answer-format instruction."""
+    return f"{problem.strip()}\n{instruction}" if instruction else problem.strip()
+
+
+def format_prompt(tokenizer: Any, problem: str, instruction: str = INSTRUCTION) -> str:
+    """The chat-formatted prompt text, ending where the assistant's answer begins."""
+    messages = [{"role": "user", "content": user_message(problem, instruction)}]
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)

@@ -1,0 +1,158 @@
+"""Rollout throughput: Hugging Face ``generate`` vs our solo and tandem engine.
+
+Prints one JSON object. For each model, tokens per second (response tokens over wall time,
+prefill included) of:
+
+- ``hf_generate``: ``model.generate`` sampling at temperature 1 (no top-k/top-p), solo;
+- ``solo``: ``tandem.engine.generate`` with the solo sampler and no junior;
+- ``tandem``: the word sampler at p=0.5 with the same model as senior and junior, so both read
+  every token: 0.5 of solo is the ceiling when a forward dominates, and sampling shared across
+  both models is what can lift it.
+
+and the ratios ``solo_vs_hf`` and ``tandem_vs_solo``. Models: the tiny world's, and a Qwen3-shaped
+random model with Qwen3's full 151,936-wide vocabulary and a small hidden size (boundary tables
+from the real Qwen3 tokenizer), where sampling over the vocabulary costs as much as the forward.
+Every row runs to the full length (no EOS), so all three do the same work.
+
+Usage: ``python benchmarks/rollout.py [--quick] [--threads N] [--repeats R]`` (one thread unless
+told otherwise; each rate is the best of R runs). What this file leaves out:
+GPUs (it runs wherever the models are put: CPU here) and vLLM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import platform
+import time
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+
+from tandem.assets import TINY_WORLD
+from tandem.data.arithmetic import make_splits
+from tandem.data.prompts import format_prompt
+from tandem.engine import SamplingParams, generate
+from tandem.samplers import WordSampler, boundary_tables
+
+
+def prompts_for(tokenizer: Any, count: int) -> list[list[int]]:
+    """``count`` chat prompts of arithmetic problems (ragged lengths)."""
+    rows = make_splits(0, sizes={"train": 1, "validation": 1, "test": count})["test"]
+    return [tokenizer(format_prompt(tokenizer, r["prompt"]))["input_ids"] for r in rows]
+
+
+def qwen_shaped(hidden: int = 128) -> Any:
+    """A random Qwen3 with the real vocabulary width and a small body."""
+    config = Qwen3Config(
+        vocab_size=151936,
+        hidden_size=hidden,
+        intermediate_size=3 * hidden,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden // 4,
+        tie_word_embeddings=True,
+        max_position_embeddings=1024,
+    )
+    torch.manual_seed(0)
+    return Qwen3ForCausalLM(config).eval()
+
+
+def hf_generate(model: Any, prompts: list[list[int]], new_tokens: int, pad: int) -> int:
+    """Solo sampling with ``model.generate``; returns the number of response tokens."""
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    config = copy.deepcopy(model.generation_config)
+    config.update(
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=new_tokens,
+        eos_token_id=None,
+        pad_token_id=pad,
+    )
+    with torch.inference_mode():
+        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+    return (out.shape[1] - width) * out.shape[0]
+
+
+def ours(model: Any, junior: Any, prompts: list[list[int]], new_tokens: int, tables: Any) -> int:
+    """Our engine, solo (``junior=None``) or tandem; returns the number of response tokens."""
+    params = SamplingParams(max_new_tokens=new_tokens, eos_token_ids=(), seed=0)
+    sampler = None if junior is None else WordSampler(tables, p=0.5, seed=0)
+    r = generate(model, junior, prompts, sampler, params)
+    return int(r.lengths.sum())
+
+
+def timed(fn: Any, repeats: int) -> float:
+    """Best tokens per second over ``repeats`` runs (the machine is shared; noise only slows)."""
+    best = 0.0
+    for _ in range(repeats):
+        start = time.perf_counter()
+        tokens = fn()
+        best = max(best, tokens / (time.perf_counter() - start))
+    return best
+
+
+def measure(model: Any, tok: Any, batch: int, new_tokens: int, repeats: int) -> dict[str, float]:
+    prompts = prompts_for(tok, batch)
+    pad = tok.pad_token_id
+    # Boundary tables are built once per vocabulary, as a training run does.
+    tables = boundary_tables(tok, model.config.vocab_size)
+    # Warm-up on a small batch: first calls pay for allocations and lazy initialisation.
+    hf_generate(model, prompts[:2], 4, pad)
+    ours(model, model, prompts[:2], 4, tables)
+    rates = {
+        "hf_generate_tok_s": timed(lambda: hf_generate(model, prompts, new_tokens, pad), repeats),
+        "solo_tok_s": timed(lambda: ours(model, None, prompts, new_tokens, tables), repeats),
+        "tandem_tok_s": timed(lambda: ours(model, model, prompts, new_tokens, tables), repeats),
+    }
+    rates = {k: round(v, 1) for k, v in rates.items()}
+    rates["solo_vs_hf"] = round(rates["solo_tok_s"] / rates["hf_generate_tok_s"], 3)
+    rates["tandem_vs_solo"] = round(rates["tandem_tok_s"] / rates["solo_tok_s"], 3)
+    return rates
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small batch, short responses")
+    # One thread by default: these models' matrices are small, and on a shared machine threads
+    # that wait for each other's busy cores make every step many times slower, for all three.
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch CPU threads (0: torch's default)"
+    )
+    parser.add_argument("--repeats", type=int, default=None, help="timed runs per method")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    batch, new_tokens = (16, 32) if args.quick else (64, 128)
+    repeats = args.repeats or (1 if args.quick else 2)
+
+    from tandem.assets.qwen_vocab import qwen_tokenizer_folder
+
+    tiny_tok = AutoTokenizer.from_pretrained(TINY_WORLD)
+    tiny = AutoModelForCausalLM.from_pretrained(TINY_WORLD, dtype=torch.float32).eval()
+    qwen_tok = AutoTokenizer.from_pretrained(qwen_tokenizer_folder())
+    result = {
+        "settings": {
+            "batch": batch,
+            "new_tokens": new_tokens,
+            "repeats": repeats,
+            "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "machine": platform.machine(),
+            "tandem_sampler": "word, p=0.5, senior and junior the same model",
+        },
+        "tiny_world": measure(tiny, tiny_tok, batch, new_tokens, repeats),
+        "qwen3_151k_vocab": measure(qwen_shaped(), qwen_tok, batch, new_tokens, repeats),
+    }
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,322 @@
+"""Co-generation: a senior and a junior write N rollouts together, one token per step.
+
+Each step, every row's author (chosen by the handoff sampler) draws a token, which is appended to
+the shared context and read by *both* models, each through its own KV cache. Both models
+therefore produce logits for every position anyway, so each token's raw log-prob under the
+senior and under the junior is recorded on the way, for GRPO and for the drift and legibility
+metrics, with no extra forward pass. Solo generation is the same loop with the ``solo`` sampler;
+``junior=None`` then skips the junior altogether.
+
+Randomness: token draws use two uniforms per row per step (one for the proposal, one for a
+word-onset redraw) from a CPU generator seeded with ``params.seed``, drawn for all N rows at every
+step, so a row's tokens depend on its logits, the seed and the step only. With the sampler's
+own seeded coins, the same seeds give the same rollouts, and a tandem whose coin always picks
+the senior (``p=1``) reproduces solo generation token for token. Rows that finish are fed the
+pad token with mask 0, and the batch is compacted (rows dropped from both caches) once an
+eighth of it has finished.
+
+What this file leaves out: how tokens are drawn (``draw``), how a cache is read (``reader``),
+who authors (``tandem.samplers``), and scaled-out serving (a vLLM backend, elsewhere).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from tandem.engine.base import JUNIOR, PAD, SENIOR, Rollouts, SamplingParams, StopReason
+from tandem.engine.draw import Scores, draw, fast, logprobs, new_buffer, score
+from tandem.engine.reader import Reader
+from tandem.samplers.base import Sampler
+from tandem.samplers.solo import SoloSampler
+
+# Compact the batch once this fraction of its rows has finished.
+_COMPACT_FRACTION = 1 / 8
+
+
+def generate(
+    senior: Any,
+    junior: Any | None,
+    prompts: Sequence[Sequence[int]] | Sequence[Tensor],
+    sampler: Sampler | None = None,
+    params: SamplingParams | None = None,
+    *,
+    tokenizer: Any = None,
+) -> Rollouts:
+    """Generate ``len(prompts) * params.samples_per_prompt`` rollouts written by two models.
+
+    Args:
+        senior: the trainable Hugging Face causal LM.
+        junior: the frozen partner (same tokenizer; may sit on another device), or ``None``
+            for solo generation (``Rollouts.junior_logprobs`` is then ``None``).
+        prompts: prompt token ids, one sequence per prompt, of any lengths.
+        sampler: who authors each token; ``None`` is the solo sampler.
+        params: sampling parameters; ``None`` is ``SamplingParams()``.
+        tokenizer: decodes ``Rollouts.texts`` and supplies the pad id; optional.
+
+    Returns:
+        Rollouts on the senior's device, rows prompt-major.
+    """
+    params = params if params is not None else SamplingParams()
+    sampler = sampler if sampler is not None else SoloSampler()
+    if junior is None and not sampler.solo:
+        raise ValueError(
+            f"{sampler!r} hands tokens to the junior, but junior is None. Pass the junior "
+            "model, or use the solo sampler for solo generation."
+        )
+    eos = _eos_ids(senior, params)
+    pad = _pad_id(senior, tokenizer, eos)
+    ids, mask = _left_pad(prompts, pad)
+    models = [senior] if junior is None else [senior, junior]
+    with _eval_mode(models), torch.inference_mode():
+        out = _Loop(models, sampler, params, eos, pad).run(ids, mask)
+    # Clones made outside inference mode: training may save them for backward.
+    out = {k: v.clone() if isinstance(v, Tensor) else v for k, v in out.items()}
+    texts = None
+    if tokenizer is not None:
+        rows = [row[:n].tolist() for row, n in zip(out["tokens"], out["lengths"], strict=True)]
+        texts = tokenizer.batch_decode(rows, skip_special_tokens=True)
+    return Rollouts(**out, pad_token_id=pad, texts=texts)
+
+
+class _Loop:
+    """The state of one ``generate`` call; ``run`` returns the fields of ``Rollouts``."""
+
+    def __init__(
+        self,
+        models: list[Any],
+        sampler: Sampler,
+        params: SamplingParams,
+        eos: tuple[int, ...],
+        pad: int,
+    ) -> None:
+        self.readers = [Reader(m) for m in models]
+        self.codes = [SENIOR, JUNIOR][: len(models)]
+        self.logprob_names = ["senior_logprobs", "junior_logprobs"][: len(models)]
+        self.home = self.readers[0].device
+        self.sampler, self.params, self.pad = sampler, params, pad
+        self.eos = torch.tensor(eos, dtype=torch.long, device=self.home)
+        self.generator = torch.Generator().manual_seed(params.seed)
+
+    def run(self, ids: Tensor, mask: Tensor) -> dict[str, Any]:
+        p, g = self.params, self.params.samples_per_prompt
+        logits = [r.prefill(ids, mask, g, p.max_new_tokens) for r in self.readers]
+        widths = [x.shape[1] for x in logits]
+        assert len(set(widths)) == 1, (
+            f"senior and junior logits have widths {widths}: tandem needs one vocabulary. "
+            "Use a junior with the senior's tokenizer and embedding size."
+        )
+        n, vocab, home = logits[0].shape[0], widths[0], self.home
+        self.buffers = [new_buffer(n, vocab, r.device) if fast(p) else None for r in self.readers]
+        self.sampler.start(ids[:, -1].repeat_interleave(g).to(home), vocab)
+        out = self._buffers(n, p.max_new_tokens)
+        batch = _Batch(torch.arange(n, device=home), torch.ones(n, dtype=torch.bool, device=home))
+        token = torch.full((n,), self.pad, device=home)  # [n] the last emitted token
+        for t in range(p.max_new_tokens):
+            if t > 0:
+                logits = [r.step(token, batch.live) for r in self.readers]
+            token, author, lps = self._step(logits, batch)
+            for name, value in [("tokens", token), ("authors", author), *lps]:
+                batch.write(out[name], t, value)
+            stopped = torch.isin(token, self.eos)
+            if batch.dead:
+                stopped &= batch.live
+            if bool(stopped.any()):
+                out["stop_reasons"][batch.rows[stopped]] = StopReason.EOS
+                batch.finish(stopped)
+                if batch.dead == batch.size:
+                    break
+                if batch.dead >= max(1, _COMPACT_FRACTION * batch.size):
+                    keep = batch.live.nonzero().squeeze(1)
+                    for r in self.readers:
+                        r.select(keep)
+                    token = batch.keep(keep, token)
+        return self._finish(out, ids, mask, g)
+
+    def _step(self, logits: list[Tensor], batch: _Batch) -> tuple[Tensor, Tensor, list]:
+        """One token per batch row: its ``token [n]``, ``author [n]`` and log-probs."""
+        scores = [score(x, self.params, b) for x, b in zip(logits, self.buffers, strict=True)]
+        everyone = self.sampler.prev.shape[0]
+        uniforms = batch.take(torch.rand(everyone, 2, generator=self.generator).to(self.home))
+        # Finished rows still in the batch draw from the senior; their tokens are discarded.
+        author = batch.where_live(batch.take(self.sampler.propose()), SENIOR)  # [n]
+        token = self._draw(scores, author, None, uniforms[:, 0])
+        handoff = self.sampler.decide(batch.spread(token, self.pad))
+        author = batch.take(handoff.authors)
+        if handoff.allowed is not None:
+            again = batch.take(handoff.resample).nonzero().squeeze(1)  # [R] batch rows
+            assert again.shape[0] == handoff.allowed.shape[0], (
+                "the sampler resampled a row that is not live in the batch"
+            )
+            token = token.clone()
+            token[again] = self._draw(
+                scores, author[again], again, uniforms[again, 1], handoff.allowed
+            )
+        token, author = batch.where_live(token, self.pad), batch.where_live(author, PAD)
+        self.sampler.observe(batch.spread(token, self.pad), batch.spread(author, PAD))
+        lps = [
+            (name, batch.where_live(logprobs(s, token.to(r.device)).to(self.home), 0.0))
+            for name, s, r in zip(self.logprob_names, scores, self.readers, strict=True)
+        ]
+        return token, author, lps
+
+    def _draw(
+        self,
+        scores: list[Scores],
+        author: Tensor,
+        rows: Tensor | None,
+        uniforms: Tensor,
+        allowed: Tensor | None = None,
+    ) -> Tensor:
+        """``[r]`` tokens for batch ``rows`` (``None``: all), each from its ``author``'s model."""
+        token = torch.full_like(author, -1)
+        for code, s, reader in zip(self.codes, scores, self.readers, strict=True):
+            mine = author == code  # [r]
+            dev = reader.device
+            if bool(mine.all()):  # one author for every row: nothing to gather
+                picked = None if allowed is None else allowed.to(dev)
+                sub = None if rows is None else rows.to(dev)
+                return draw(s, sub, uniforms.to(dev), self.params, picked).to(self.home)
+            mine = mine.nonzero().squeeze(1)  # [m] positions among the rows drawn for
+            if mine.numel() == 0:
+                continue
+            sub = mine if rows is None else rows[mine]
+            picked = None if allowed is None else allowed[mine].to(dev)
+            chosen = draw(s, sub.to(dev), uniforms[mine].to(dev), self.params, picked)
+            token[mine] = chosen.to(self.home)
+        assert bool((token >= 0).all()), "a row's author has no model: junior is None"
+        return token
+
+    def _buffers(self, n: int, t: int) -> dict[str, Any]:
+        home, k = self.home, len(self.readers)
+        return {
+            "tokens": torch.full((n, t), self.pad, dtype=torch.long, device=home),
+            "authors": torch.full((n, t), PAD, dtype=torch.long, device=home),
+            **{name: torch.zeros(n, t, device=home) for name in self.logprob_names[:k]},
+            "stop_reasons": torch.full((n,), int(StopReason.LENGTH), device=home),
+        }
+
+    def _finish(self, out: dict[str, Any], ids: Tensor, mask: Tensor, g: int) -> dict[str, Any]:
+        """Trim to the longest row and attach the prompts."""
+        lengths = (out["authors"] != PAD).sum(1)  # [N]
+        t = int(lengths.max())
+        home = self.home
+        return {
+            "tokens": out["tokens"][:, :t],
+            "authors": out["authors"][:, :t],
+            "senior_logprobs": out["senior_logprobs"][:, :t],
+            "junior_logprobs": out["junior_logprobs"][:, :t] if len(self.readers) > 1 else None,
+            "lengths": lengths,
+            "stop_reasons": out["stop_reasons"],
+            "prompt_tokens": ids.repeat_interleave(g, dim=0).to(home),
+            "prompt_lengths": mask.sum(1).repeat_interleave(g).to(home),
+            "prompt_index": torch.arange(ids.shape[0], device=home).repeat_interleave(g),
+        }
+
+
+class _Batch:
+    """The rows the models are stepping: which rollout rows they are, and which still write.
+
+    Finished rows stay in the batch (fed the pad token, masked) until enough have finished to
+    be worth dropping from the caches. While no row has been dropped or finished, the
+    bookkeeping below is skipped, so the common step costs no gathers or masks.
+    """
+
+    def __init__(self, rows: Tensor, live: Tensor) -> None:
+        self.rows = rows  # [n] rollout row of each batch row
+        self.live = live  # [n] bool: still writing
+        self.size = rows.shape[0]
+        self.all = torch.arange(self.size, device=rows.device)  # [n]
+        self.whole = True  # rows == arange(N): no row dropped yet
+        self.dead = 0  # finished rows still in the batch
+        self.everyone = self.size
+
+    def take(self, full: Tensor) -> Tensor:
+        """The batch rows of a tensor over all N rollout rows."""
+        return full if self.whole else full[self.rows]
+
+    def spread(self, values: Tensor, fill: int) -> Tensor:
+        """Batch ``values [n]`` placed into all N rollout rows (``fill`` elsewhere)."""
+        if self.whole and not self.dead:
+            return values
+        full = values.new_full((self.everyone,), fill)
+        full[self.rows] = self.where_live(values, fill)
+        return full
+
+    def where_live(self, values: Tensor, fill: float) -> Tensor:
+        """``values`` with ``fill`` at finished rows."""
+        return torch.where(self.live, values, fill) if self.dead else values
+
+    def write(self, buffer: Tensor, t: int, values: Tensor) -> None:
+        """Record column ``t`` of an output ``buffer [N, T]``."""
+        if self.whole:
+            buffer[:, t] = values
+        else:
+            buffer[self.rows, t] = values
+
+    def finish(self, stopped: Tensor) -> None:
+        self.live = self.live & ~stopped
+        self.dead = int((~self.live).sum())
+
+    def keep(self, keep: Tensor, token: Tensor) -> Tensor:
+        """Drop finished rows; returns the kept rows' ``token``."""
+        self.rows, self.live = self.rows[keep], self.live[keep]
+        self.size, self.dead, self.whole = keep.shape[0], 0, False
+        self.all = torch.arange(self.size, device=keep.device)
+        return token[keep]
+
+
+def _left_pad(
+    prompts: Sequence[Sequence[int]] | Sequence[Tensor], pad: int
+) -> tuple[Tensor, Tensor]:
+    """``ids [B, P]`` left-padded with ``pad`` and ``mask [B, P]`` (1 on real tokens)."""
+    seqs = [torch.as_tensor(p, dtype=torch.long).flatten().cpu() for p in prompts]
+    if not seqs or any(s.numel() == 0 for s in seqs):
+        raise ValueError("prompts must be a non-empty list of non-empty token id sequences.")
+    width = max(s.numel() for s in seqs)
+    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+    mask = torch.zeros(len(seqs), width, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, width - s.numel() :] = s
+        mask[i, width - s.numel() :] = 1
+    return ids, mask
+
+
+def _eos_ids(model: Any, params: SamplingParams) -> tuple[int, ...]:
+    if params.eos_token_ids is not None:
+        return params.eos_token_ids
+    for source in (getattr(model, "generation_config", None), model.config):
+        eos = getattr(source, "eos_token_id", None)
+        if eos is not None:
+            return (eos,) if isinstance(eos, int) else tuple(eos)
+    raise ValueError(
+        "the senior's generation_config and config name no eos_token_id, so rows would never "
+        "stop early. Pass SamplingParams(eos_token_ids=(...)), or () to always run to "
+        "max_new_tokens."
+    )
+
+
+def _pad_id(model: Any, tokenizer: Any, eos: tuple[int, ...]) -> int:
+    sources = (tokenizer, getattr(model, "generation_config", None), model.config)
+    for source in sources:
+        pad = getattr(source, "pad_token_id", None)
+        if pad is not None:
+            return int(pad)
+    return eos[0] if eos else 0
+
+
+@contextlib.contextmanager
+def _eval_mode(models: list[Any]) -> Iterator[None]:
+    """Generate in eval mode (no dropout), then restore each model's mode."""
+    modes = [m.training for m in models]
+    try:
+        for m in models:
+            m.eval()
+        yield
+    finally:
+        for m, mode in zip(models, modes, strict=True):
+            m.train(mode)

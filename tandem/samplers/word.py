@@ -1,0 +1,124 @@
+"""The word schedule (the paper's): a coin picks the author of every word where the word begins.
+
+A word begins at a *word onset* (see :mod:`tandem.samplers.boundaries`: the first non-space
+byte after whitespace, so ``Ġapples`` begins one, ``les`` does not, and of ``Ġ`` ``5`` it is the
+``5``). Two rules are offered.
+
+``rule="onset"`` (default; the paper's "at every word boundary a coin picks the author"). Since
+an author is needed before a token exists, the current author's proposal decides whether a word
+begins here. At each step:
+
+1. the current author ``a`` proposes a token ``x`` from its sampling distribution;
+2. if ``x`` begins a word, the word ``a`` was writing is over and a coin draws the next word's
+   author ``c`` (senior with probability ``p``). If ``c == a``, ``x`` is emitted. Otherwise ``c``
+   draws its own token from its sampling distribution *restricted to tokens that begin a word
+   here* (renormalised; temperature, top-k and top-p apply after the restriction), so that the
+   new author starts a new word rather than finishing ``a``'s;
+3. otherwise ``x`` is emitted and ``a`` keeps the pen.
+
+So the author changes only at word onsets, every emitted onset is a coin, and each word is
+written by one author, drawn independently with probability ``p``. Restricting ``c``'s draw is
+exactly "``c`` writes a word here": ``a``'s own onset proposal is already a draw from ``a``'s
+distribution given that a word begins, so both authors write the new word's first token from the
+same conditional. (The reference implementation's description, "both models sample at every
+step and the active author's token is kept", would let ``c``'s unrestricted token continue
+``a``'s word, putting a handoff inside it.)
+
+``rule="after_boundary"`` (the reference implementation): the coin is redrawn *after* a token
+that begins a word is emitted, and decides the author from the next token on. The emitted onset
+token therefore belongs to the previous author, and the new author takes over one token into
+the word: for a one-token word (``Ġapples``) it writes the following onset, so whole words
+still change hands, but a multi-token word (``Ġcomput`` ``ing``, the digits ``1`` ``2`` of a
+number) can be split between authors. No proposal is ever redrawn. The onsets are ours, not the
+reference's "surface starts with a space": the two agree on ``Ġword`` tokens, and where a bare
+``Ġ`` or a newline precedes a word, ours puts the onset on the word's first token instead.
+
+Under both rules, after ``max_gap_tokens`` tokens with no coin the coin is drawn anyway, before
+the next token's proposal (the new author writes it unrestricted), so long runs without spaces
+(LaTeX, code) cannot be monopolised. The first response token is always a coin.
+
+What this file leaves out: how onsets are found (``boundaries``) and token sampling (engine).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from tandem.registry import SAMPLERS
+from tandem.samplers.base import Handoff, Sampler
+from tandem.samplers.boundaries import onset_candidates, word_onset
+
+RULES = ("onset", "after_boundary")
+
+
+@SAMPLERS.register("word")
+class WordSampler(Sampler):
+    """A coin with probability ``p`` of the senior at every word onset.
+
+    Args:
+        tokenizer: the tokenizer both models share (or ``BoundaryTables``).
+        p: the probability that the senior writes a given word.
+        max_gap_tokens: the most tokens between two coins; reaching it draws the coin anyway.
+        rule: ``"onset"`` (the coin at the onset decides who writes it) or
+            ``"after_boundary"`` (the coin is redrawn after an onset is emitted).
+        seed: seeds the coin.
+        vocab_size: the models' logits width, if wider than the tokenizer.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        p: float = 0.5,
+        max_gap_tokens: int = 32,
+        rule: str = "onset",
+        seed: int = 0,
+        vocab_size: int | None = None,
+    ) -> None:
+        if rule not in RULES:
+            raise ValueError(f"rule ({rule!r}) must be one of {RULES}: see tandem.samplers.word.")
+        if max_gap_tokens < 1:
+            raise ValueError(
+                f"max_gap_tokens ({max_gap_tokens}) must be at least 1: it is the longest run of "
+                "tokens between two coins."
+            )
+        super().__init__(tokenizer, p=p, seed=seed, vocab_size=vocab_size)
+        self.max_gap_tokens = max_gap_tokens
+        self.rule = rule
+
+    def start(self, context: Tensor, vocab_size: int) -> None:
+        super().start(context, vocab_size)
+        n = context.shape[0]
+        self._since = torch.zeros(n, dtype=torch.long, device=context.device)  # [N] since a coin
+        self._due = torch.ones(n, dtype=torch.bool, device=context.device)  # [N] first token
+
+    def _draw_now(self) -> Tensor:
+        return self._due | (self._since >= self.max_gap_tokens)
+
+    def decide(self, proposal: Tensor) -> Handoff:
+        if self.rule != "onset":
+            return super().decide(proposal)
+        onset = word_onset(self._tables, proposal, self.prev) & ~self._drawn  # [N]
+        assert self._coin is not None, "decide() must follow propose() in the same step"
+        author = torch.where(onset, self._coin, self.author)
+        resample = onset & (author != self.author)
+        self._drawn = self._drawn | onset
+        self.author = author
+        allowed = onset_candidates(self._tables, self.prev[resample]) if resample.any() else None
+        return Handoff(author, resample, allowed)
+
+    def _after(self, token: Tensor) -> None:
+        self._since = torch.where(self._drawn, 1, self._since + 1)
+        if self.rule == "after_boundary":
+            self._due = word_onset(self._tables, token, self.prev)
+        else:
+            self._due = torch.zeros_like(self._due)
+
+    def __repr__(self) -> str:
+        return (
+            f"WordSampler(p={self.p}, max_gap_tokens={self.max_gap_tokens}, rule={self.rule!r}, "
+            f"seed={self.seed})"
+        )

@@ -9,13 +9,15 @@ and a Hydra group names it (``conf/sampler/word.yaml`` holds ``name: word`` plus
 constructor arguments). Duplicate names are refused at import time and an unknown name is
 answered with the list of known ones, so a typo in a config fails before any model loads.
 
-What this file leaves out: discovery. Families import their members explicitly in their
-``__init__`` (no ``__subclasses__`` scans, no entry points), so what exists is what is imported.
+Discovery is explicit: each registry names the package of its family, whose ``__init__``
+imports its members; the first lookup imports that package (no ``__subclasses__`` scans, no entry
+points). Third-party members join by importing their module before the lookup.
 """
 
 from __future__ import annotations
 
 import difflib
+import importlib
 import inspect
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Generic, TypeVar
@@ -35,11 +37,20 @@ class Registry(Generic[T]):
 
     Args:
         family: the family's name, used in error messages (e.g. ``"sampler"``).
+        package: the package whose import registers the family's members; imported at the
+            first lookup.
     """
 
-    def __init__(self, family: str) -> None:
+    def __init__(self, family: str, package: str | None = None) -> None:
         self.family = family
+        self.package = package
         self._entries: dict[str, type[T]] = {}
+        self._loaded = package is None
+
+    def _load(self) -> None:
+        if not self._loaded:
+            self._loaded = True
+            importlib.import_module(self.package)
 
     def register(self, name: str) -> Callable[[type[T]], type[T]]:
         """Class decorator that adds the class under ``name``.
@@ -69,6 +80,7 @@ class Registry(Generic[T]):
         Raises:
             RegistryError: naming the known entries (and the closest one) if ``name`` is unknown.
         """
+        self._load()
         try:
             return self._entries[name]
         except (KeyError, TypeError):
@@ -90,15 +102,18 @@ class Registry(Generic[T]):
 
     def names(self) -> list[str]:
         """Known names, sorted."""
+        self._load()
         return sorted(self._entries)
 
     def __contains__(self, name: object) -> bool:
+        self._load()
         return name in self._entries
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
 
     def __len__(self) -> int:
+        self._load()
         return len(self._entries)
 
     def __repr__(self) -> str:
@@ -111,9 +126,7 @@ def check_arguments(fn: Callable[..., Any], kwargs: Mapping[str, Any], where: st
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         accepted = None
     else:
-        accepted = {
-            n for n, p in params.items() if p.kind is not inspect.Parameter.POSITIONAL_ONLY
-        }
+        accepted = {n for n, p in params.items() if p.kind is not inspect.Parameter.POSITIONAL_ONLY}
     problems = []
     if accepted is not None:
         for key in sorted(set(kwargs) - accepted):
@@ -139,8 +152,8 @@ def _qualname(cls: type) -> str:
 
 
 # One registry per family. Members register themselves in their own modules.
-SAMPLERS: Registry[Any] = Registry("sampler")
-REWARDS: Registry[Any] = Registry("reward")
-METRICS: Registry[Any] = Registry("metric")
-DATASETS: Registry[Any] = Registry("dataset")
-BACKENDS: Registry[Any] = Registry("backend")
+SAMPLERS: Registry[Any] = Registry("sampler", "tandem.samplers")
+REWARDS: Registry[Any] = Registry("reward", "tandem.rewards")
+METRICS: Registry[Any] = Registry("metric", "tandem.metrics")
+DATASETS: Registry[Any] = Registry("dataset", "tandem.data.sources")
+BACKENDS: Registry[Any] = Registry("backend", "tandem.engine")

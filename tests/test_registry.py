@@ -75,3 +75,10 @@ def test_registries_are_separate() -> None:
 
     assert SAMPLERS is not REWARDS
     assert SAMPLERS.family == "sampler"
+
+
+def test_families_load_their_members_on_first_lookup() -> None:
+    from tandem.registry import DATASETS, REWARDS
+
+    assert "boxed_math" in REWARDS.names()
+    assert DATASETS.get("arithmetic").__name__ == "ArithmeticSource"

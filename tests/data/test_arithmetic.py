@@ -21,8 +21,12 @@ def splits():
 
 def evaluate(expression: str) -> Fraction:
     """Recompute an expression with exact fractions, independently of the generator."""
-    ops = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-           ast.Div: operator.truediv}
+    ops = {
+        ast.Add: operator.add,
+        ast.Sub: operator.sub,
+        ast.Mult: operator.mul,
+        ast.Div: operator.truediv,
+    }
 
     def walk(node: ast.AST) -> Fraction:
         if isinstance(node, ast.BinOp) and type(node.op) in ops:
@@ -83,8 +87,9 @@ def test_solution_steps_and_boxed_answer(splits) -> None:
 
 
 def test_difficulty_knob_changes_problems() -> None:
-    easy = make_splits(0, {"train": 50}, Difficulty(min_ops=1, max_ops=1, digits=1,
-                                                     operations=("add",)))
+    easy = make_splits(
+        0, {"train": 50}, Difficulty(min_ops=1, max_ops=1, digits=1, operations=("add",))
+    )
     for row in easy["train"]:
         assert row["expression"].count("+") == 1 and "*" not in row["expression"]
     hard = make_splits(0, {"train": 200}, Difficulty(min_ops=4, max_ops=4, digits=3))

@@ -1,0 +1,198 @@
+"""The LightningDataModule: prompts in, ``PromptBatch`` out, resumable to the exact batch.
+
+Training draws ``batch_size`` prompts per step from an endless stream of seeded shuffles (one
+permutation per epoch over the train split). Batch ``i`` of the stream is a pure function of
+(seed, i), so resuming needs only the number of batches already consumed, which the data module
+saves in the checkpoint. Under DDP the global batch is split across ranks (rank r takes prompts
+r, r + world, ...), so ``batch_size`` is the global number of prompts per step.
+
+What this file leaves out: sampling the rollouts (each prompt is repeated ``group_size`` times by
+the engine's caller, not here) and the sources themselves (``tandem.data.sources``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from tandem.data.prompts import INSTRUCTION, format_prompt
+from tandem.registry import DATASETS
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PromptBatch:
+    """Prompts of one step, as text and as token ids.
+
+    ``prompt_ids[i]`` is the chat-formatted, tokenized ``problems[i]``; ``answers[i]`` its gold.
+    """
+
+    problems: list[str]
+    answers: list[str]
+    prompt_ids: list[list[int]]
+    # position in the training stream (-1 for validation batches)
+    index: int = -1
+
+    def __len__(self) -> int:
+        return len(self.problems)
+
+    def repeat(self, group_size: int) -> PromptBatch:
+        """Each prompt ``group_size`` times in a row: rows of a group stay adjacent."""
+        return PromptBatch(
+            *(
+                [x for x in items for _ in range(group_size)]
+                for items in (self.problems, self.answers, self.prompt_ids)
+            ),
+            index=self.index,
+        )
+
+
+class _StepStream(IterableDataset):
+    """Endless batches of row indices: batch i is a function of (seed, i) only."""
+
+    def __init__(
+        self, n_rows: int, batch_size: int, seed: int, start: int, rank: int, world: int
+    ) -> None:
+        self.n_rows, self.batch_size, self.seed = n_rows, batch_size, seed
+        self.start, self.rank, self.world = start, rank, world
+
+    def batch_indices(self, i: int) -> list[int]:
+        first = i * self.batch_size
+        out = []
+        for pos in range(first, first + self.batch_size):
+            epoch, offset = divmod(pos, self.n_rows)
+            out.append(int(self._permutation(epoch)[offset]))
+        return out[self.rank :: self.world]
+
+    def _permutation(self, epoch: int) -> torch.Tensor:
+        if getattr(self, "_epoch", None) != epoch:
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            self._perm, self._epoch = torch.randperm(self.n_rows, generator=g), epoch
+        return self._perm
+
+    def __iter__(self) -> Iterator[list[int]]:
+        i = self.start
+        while True:
+            yield self.batch_indices(i)
+            i += 1
+
+
+class _Batches(IterableDataset):
+    def __init__(self, data: PromptDataModule, stream: _StepStream) -> None:
+        self.data, self.stream = data, stream
+
+    def __iter__(self) -> Iterator[PromptBatch]:
+        for i, indices in enumerate(self.stream, start=self.stream.start):
+            yield self.data._batch("train", indices, i)
+
+
+class PromptDataModule(L.LightningDataModule):
+    """Tokenized prompts for training and validation.
+
+    Args:
+        source: the registry name and arguments of a dataset source (``name`` plus kwargs).
+        tokenizer: a tokenizer with a chat template (the senior's).
+        batch_size: prompts per training step, over all processes.
+        val_size: validation prompts used (None: all).
+        val_batch_size: prompts per validation batch on each process.
+        seed: decides the order of training prompts.
+        instruction: appended to each problem; asks for the answer format the reward reads.
+    """
+
+    def __init__(
+        self,
+        source: dict[str, Any],
+        tokenizer: Any,
+        batch_size: int,
+        val_size: int | None = None,
+        val_batch_size: int = 32,
+        seed: int = 0,
+        instruction: str = INSTRUCTION,
+    ) -> None:
+        super().__init__()
+        source = dict(source)
+        self.source = DATASETS.build(source.pop("name"), **source)
+        self.tokenizer, self.batch_size, self.seed = tokenizer, batch_size, seed
+        self.val_size, self.val_batch_size, self.instruction = val_size, val_batch_size, instruction
+        self.consumed = 0  # training batches handed out so far: the resume position
+        self.splits: dict[str, dict[str, list]] = {}
+
+    def setup(self, stage: str | None = None) -> None:
+        for split in ("train", "validation"):
+            if split in self.splits:
+                continue
+            rows, report = self.source.load(split)
+            log.info("data %s", report)
+            if split == "validation" and self.val_size is not None:
+                rows = rows.select(range(min(self.val_size, len(rows))))
+            problems, answers = list(rows["problem"]), list(rows["answer"])
+            texts = [format_prompt(self.tokenizer, p, self.instruction) for p in problems]
+            ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+            self.splits[split] = {"problems": problems, "answers": answers, "ids": ids}
+
+    def _batch(self, split: str, indices: list[int], index: int = -1) -> PromptBatch:
+        s = self.splits[split]
+        return PromptBatch(
+            [s["problems"][i] for i in indices],
+            [s["answers"][i] for i in indices],
+            [s["ids"][i] for i in indices],
+            index,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        rank, world = (
+            (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
+        )
+        stream = _StepStream(
+            len(self.splits["train"]["problems"]),
+            self.batch_size,
+            self.seed,
+            self.consumed,
+            rank,
+            world,
+        )
+        return DataLoader(_Batches(self, stream), batch_size=None, num_workers=0)
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, idx: int) -> Any:
+        # prompts stay lists of ids: the engine puts them on each model's own device
+        return batch
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        # counted here, when the step takes the batch, not when the loader prefetches it
+        if isinstance(batch, PromptBatch) and batch.index >= 0:
+            self.consumed = batch.index + 1
+        return batch
+
+    def val_dataloader(self) -> DataLoader:
+        n = len(self.splits["validation"]["problems"])
+        rank, world = (
+            (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
+        )
+        mine = list(range(rank, n, world))
+        chunks = [
+            mine[i : i + self.val_batch_size] for i in range(0, len(mine), self.val_batch_size)
+        ]
+        return DataLoader(
+            [self._batch("validation", c) for c in chunks],
+            batch_size=None,
+            num_workers=0,
+            collate_fn=lambda b: b,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"consumed": self.consumed, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("seed", self.seed) != self.seed:
+            raise ValueError(
+                f"data seed ({self.seed}) differs from the checkpoint's ({state['seed']}); "
+                "resuming would replay other prompts. Resume with the same data.seed."
+            )
+        self.consumed = int(state["consumed"])

@@ -1,0 +1,73 @@
+"""Step time of the trl arm against the grpo arm, split into phases.
+
+Run: ``python benchmarks/train_step.py [--quick] [hydra overrides]``.
+
+Both arms run the same config on the tiny world (batch, group, lengths, learning rate); only the
+rollout structure differs (word sampler at p=0.5 vs solo). Each arm trains ``--steps`` steps in
+its own folder; the first step is dropped as warm-up and the rest averaged from the logged
+``time/*`` values. Prints one JSON object with per-phase seconds and the trl/grpo ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+import torch
+from hydra import compose, initialize_config_dir
+
+from tandem.train import run
+
+CONF = str(Path(__file__).resolve().parents[1] / "conf")
+PHASES = ("generate", "reward", "update", "step")
+
+
+def arm_times(experiment: str, steps: int, out: Path, overrides: list[str]) -> dict[str, float]:
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        cfg = compose(
+            "train",
+            overrides=[
+                f"experiment={experiment}",
+                f"output_dir={out}",
+                f"trainer.max_steps={steps}",
+                "logger=csv",
+                "trainer.enable_progress_bar=false",
+                "validation.every_n_steps=100000",
+                *overrides,
+            ],
+        )
+    run(cfg)
+    (path,) = out.glob("csv/version_*/metrics.csv")
+    rows = [r for r in csv.DictReader(path.open()) if r.get("time/step")][1:]
+    out_times = {p: statistics.mean(float(r[f"time/{p}"]) for r in rows) for p in PHASES}
+    out_times["senior_share"] = statistics.mean(float(r["train/senior_share"]) for r in rows)
+    out_times["response_length"] = statistics.mean(float(r["train/response_length"]) for r in rows)
+    return out_times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--quick", action="store_true", help="3 steps of a smaller batch")
+    parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for both arms")
+    args = parser.parse_args()
+    overrides = list(args.overrides)
+    steps = args.steps
+    if args.quick:
+        steps, overrides = 3, ["batch_size=16", "group_size=4", *overrides]
+    torch.set_num_threads(torch.get_num_threads())
+    result: dict[str, object] = {"steps_averaged": steps - 1, "overrides": overrides}
+    with tempfile.TemporaryDirectory() as tmp:
+        for arm in ("grpo", "trl"):
+            result[arm] = arm_times(arm, steps, Path(tmp) / arm, overrides)
+    trl, grpo = result["trl"], result["grpo"]
+    result["trl_vs_grpo"] = {p: trl[p] / grpo[p] for p in ("generate", "update", "step")}
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,299 @@
+"""The LightningModule of GRPO and Tandem RL: owns the senior, its optimizer and the loss.
+
+One training step reads top to bottom::
+
+    rollouts  <- engine.generate(senior, junior, B prompts x G, sampler)   # [B*G, T]
+    rewards   <- reward.score(texts, golds)                                 # [B*G]
+    adv       <- group_advantages(rewards, G)                               # [B*G]
+    for each of num_iterations passes, for each of mini_batches slices:
+        loss  <- grpo_loss(senior log-probs, mask = authors == SENIOR)     # scalar
+        optimizer step
+
+Vanilla GRPO is the same module with the ``solo`` sampler. The junior (frozen, the reference
+for KL) is lent by ``JuniorCallback`` through ``self.junior_holder`` and never registered as a
+submodule. Old log-probs and reference log-probs come from the engine, which records both models'
+log-prob of every token while sampling, so the update costs one senior forward per mini-batch.
+
+Optimisation is manual because one batch of rollouts may feed several optimizer steps
+(``num_iterations`` x ``mini_batches``); ``global_step`` counts optimizer steps.
+
+What this file leaves out: sampling (``tandem.engine``), the objective's algebra
+(``tandem.modules.loss``), and what gets logged where (``tandem.modules.logging``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import lightning as L
+import torch
+from torch import Tensor
+
+from tandem.data.datamodule import PromptBatch
+from tandem.engine import JUNIOR, SENIOR, Rollouts, SamplingParams, StopReason, generate
+from tandem.modules.checks import check_rollouts
+from tandem.modules.logprobs import sequence_logprobs
+from tandem.modules.loss import LossConfig, group_advantages, grpo_loss, zero_variance_groups
+from tandem.modules.models import load_causal_lm, load_tokenizer
+from tandem.modules.stats import rollout_table, team_stats
+from tandem.registry import REWARDS, SAMPLERS
+
+
+class TandemGRPO(L.LightningModule):
+    """GRPO / Tandem RL on a Hugging Face causal LM.
+
+    Args:
+        model: the senior's starting checkpoint (``tiny``, a hub name or a folder).
+        sampler: registry name and arguments of the handoff sampler (``name`` plus kwargs).
+        reward: registry name and arguments of the reward.
+        generation: sampling parameters (temperature, top_p, top_k, max_new_tokens).
+        loss: ``LossConfig`` keyword arguments.
+        group_size: rollouts per prompt (G).
+        lr, weight_decay, warmup_steps, max_grad_norm: the optimizer.
+        num_iterations: passes over each batch of rollouts.
+        mini_batches: optimizer steps per pass (the rollouts are split into this many slices).
+        advantage: ``std`` or ``mean`` group normalisation.
+        drop_equal_groups: give groups whose rewards are all equal no loss.
+        mask_truncated: give responses cut at max_new_tokens no loss.
+        dtype: the senior's dtype.
+        seed: with the step index, decides every sample and coin (so resume is exact).
+        val_sampler: sampler of the tandem validation pass (None: the training one).
+        val_temperature: temperature of validation sampling (0: greedy).
+        rollouts_to_log, rollout_log_every: rollout texts logged every so many steps.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        sampler: dict[str, Any],
+        reward: dict[str, Any],
+        generation: dict[str, Any],
+        loss: dict[str, Any],
+        group_size: int,
+        lr: float = 1e-4,
+        weight_decay: float = 0.0,
+        warmup_steps: int = 0,
+        max_grad_norm: float = 1.0,
+        num_iterations: int = 1,
+        mini_batches: int = 1,
+        advantage: str = "std",
+        drop_equal_groups: bool = False,
+        mask_truncated: bool = False,
+        dtype: str = "float32",
+        seed: int = 0,
+        val_sampler: dict[str, Any] | None = None,
+        val_temperature: float = 0.0,
+        rollouts_to_log: int = 2,
+        rollout_log_every: int = 10,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.automatic_optimization = False
+        self.loss_cfg = LossConfig(**loss)
+        self.senior: torch.nn.Module | None = None
+        self.junior_holder = None  # set by JuniorCallback; a holder, never a submodule
+        self.tokenizer = load_tokenizer(model)
+        self.sampler = SAMPLERS.build(sampler["name"], tokenizer=self.tokenizer, **_args(sampler))
+        val = val_sampler or sampler
+        self.val_sampler = SAMPLERS.build(val["name"], tokenizer=self.tokenizer, **_args(val))
+        self.solo_sampler = SAMPLERS.build("solo", tokenizer=self.tokenizer)
+        self.reward = REWARDS.build(reward["name"], **_args(reward))
+
+    # -- model ---------------------------------------------------------------------------------
+    def configure_model(self) -> None:
+        # here, not in __init__, so that FSDP can shard the senior as it is created
+        if self.senior is None:
+            self.senior = load_causal_lm(self.hparams.model, self.hparams.dtype)
+            self.senior.config.use_cache = True
+            self.senior.train()  # from_pretrained returns eval mode; the senior is trained
+
+    @property
+    def junior(self) -> torch.nn.Module | None:
+        return None if self.junior_holder is None else self.junior_holder.model
+
+    def configure_optimizers(self) -> Any:
+        opt = torch.optim.AdamW(
+            self.senior.parameters(),
+            lr=self.hparams.lr,
+            weight_decay=self.hparams.weight_decay,
+            betas=(0.9, 0.99),
+        )
+        warm = max(1, self.hparams.warmup_steps)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    # -- rollouts ------------------------------------------------------------------------------
+    def rollout(
+        self,
+        batch: PromptBatch,
+        sampler: Any,
+        samples: int,
+        temperature: float | None = None,
+        stream: int = 0,
+    ) -> Rollouts:
+        """``samples`` rollouts per prompt of ``batch``, the rows of a prompt adjacent."""
+        g = self.hparams.generation
+        seed = self.step_seed(batch.index, stream)
+        params = SamplingParams(
+            temperature=g["temperature"] if temperature is None else temperature,
+            top_p=g.get("top_p", 1.0),
+            top_k=g.get("top_k", 0),
+            max_new_tokens=g["max_new_tokens"],
+            seed=seed,
+            samples_per_prompt=samples,
+        )
+        # coins too are a function of (seed, step, rank): a resumed run redraws the same ones
+        sampler.generator.manual_seed(seed)
+        junior = None if sampler.solo else self.junior
+        return generate(
+            self.senior, junior, batch.prompt_ids, sampler, params, tokenizer=self.tokenizer
+        )
+
+    def step_seed(self, index: int, stream: int) -> int:
+        """A seed from (run seed, batch index, rank, stream): resume replays the same samples."""
+        return hash((self.hparams.seed, index, self.global_rank, stream)) % (2**62)
+
+    # -- training ------------------------------------------------------------------------------
+    def training_step(self, batch: PromptBatch, batch_idx: int) -> Tensor:
+        hp = self.hparams
+        answers = batch.repeat(hp.group_size).answers
+        t0 = time.perf_counter()
+        rollouts = self.rollout(batch, self.sampler, hp.group_size)  # [B*G, T]
+        check_rollouts(rollouts, self.sampler)
+        t1 = time.perf_counter()
+        rewards = torch.tensor(self.reward.score(rollouts.texts, answers))  # [B*G]
+        t2 = time.perf_counter()
+        adv = group_advantages(rewards, hp.group_size, hp.advantage)  # [B*G]
+        senior_mask, junior_mask = self.loss_masks(rollouts, rewards)  # [B*G, T] each
+        stats = self.update(rollouts, adv, senior_mask, junior_mask)
+        t3 = time.perf_counter()
+        self.log_step(
+            rollouts, rewards, stats, {"generate": t1 - t0, "reward": t2 - t1, "update": t3 - t2}
+        )
+        return stats["loss"]
+
+    def loss_masks(self, rollouts: Rollouts, rewards: Tensor) -> tuple[Tensor, Tensor]:
+        """Which tokens the policy loss and the imitation term see: the author masks, less
+        truncated responses and equal-reward groups when so configured."""
+        keep = torch.ones(rollouts.tokens.shape[0], dtype=torch.bool)  # [N]
+        if self.hparams.mask_truncated:
+            keep &= rollouts.stop_reasons.cpu() != StopReason.LENGTH
+        if self.hparams.drop_equal_groups:
+            equal = zero_variance_groups(rewards, self.hparams.group_size)  # [B]
+            keep &= ~equal.repeat_interleave(self.hparams.group_size)
+        keep = keep.unsqueeze(1)  # [N, 1]
+        authors = rollouts.authors.cpu()
+        return (authors == SENIOR) & keep, (authors == JUNIOR) & keep
+
+    def update(
+        self, rollouts: Rollouts, adv: Tensor, senior_mask: Tensor, junior_mask: Tensor
+    ) -> dict[str, Tensor]:
+        """``num_iterations`` passes of ``mini_batches`` optimizer steps over the rollouts."""
+        hp = self.hparams
+        opt, sched = self.optimizers(), self.lr_schedulers()
+        n = rollouts.tokens.shape[0]
+        ids, mask = rollouts.sequences()  # [N, P+T] each
+        start = rollouts.prompt_tokens.shape[1]
+        slices = torch.arange(n).chunk(hp.mini_batches)
+        totals: dict[str, Tensor] = {}
+        for _ in range(hp.num_iterations):
+            for idx in slices:
+                logp = sequence_logprobs(self.senior, ids[idx], mask[idx], start)  # [n, T]
+                dev = logp.device
+                junior_logp = rollouts.junior_logprobs
+                ref = None if junior_logp is None else junior_logp[idx].to(dev)
+                loss, stats = grpo_loss(
+                    logp,
+                    rollouts.senior_logprobs[idx].to(dev),
+                    ref,
+                    adv[idx].to(dev),
+                    senior_mask[idx].to(dev),
+                    junior_mask[idx].to(dev),
+                    self.loss_cfg,
+                )
+                opt.zero_grad(set_to_none=True)
+                self.manual_backward(loss)
+                self.clip_gradients(
+                    opt, gradient_clip_val=hp.max_grad_norm, gradient_clip_algorithm="norm"
+                )
+                opt.step()
+                sched.step()
+                for k, v in stats.items():
+                    totals[k] = totals.get(k, 0) + v / (hp.num_iterations * len(slices))
+        return totals
+
+    def log_step(
+        self,
+        rollouts: Rollouts,
+        rewards: Tensor,
+        stats: dict[str, Tensor],
+        seconds: dict[str, float],
+    ) -> None:
+        g = self.hparams.group_size
+        team = team_stats(rollouts, rewards)
+        total = sum(seconds.values())
+        values = {
+            "train/reward": rewards.mean(),
+            "train/reward_std": rewards.std() if rewards.numel() > 1 else torch.tensor(0.0),
+            "train/zero_variance_groups": zero_variance_groups(rewards, g).float().mean(),
+            **{f"train/{k}": v for k, v in team.items()},
+            **{f"train/{k}": v for k, v in stats.items()},
+            "train/lr": torch.tensor(self.optimizers().param_groups[0]["lr"]),
+            **{f"time/{k}": torch.tensor(v) for k, v in seconds.items()},
+            "time/step": torch.tensor(total),
+            "time/tokens_per_second": rollouts.mask.sum() / max(total, 1e-9),
+        }
+        self.log_dict(
+            {k: torch.as_tensor(v, dtype=torch.float32) for k, v in values.items()},
+            sync_dist=True,
+            batch_size=rewards.numel(),
+        )
+        self.log(
+            "reward",
+            values["train/reward"],
+            prog_bar=True,
+            logger=False,
+            sync_dist=True,
+            batch_size=rewards.numel(),
+        )
+        self.log(
+            "senior",
+            team["senior_share"],
+            prog_bar=True,
+            logger=False,
+            sync_dist=True,
+            batch_size=rewards.numel(),
+        )
+        every = self.hparams.rollout_log_every
+        if every and self.global_rank == 0 and self.global_step % every < self.hparams.mini_batches:
+            self.log_rollout_texts(
+                rollout_table(rollouts, rewards, self.tokenizer, self.hparams.rollouts_to_log)
+            )
+
+    def log_rollout_texts(self, text: str) -> None:
+        for logger in self.loggers:
+            run = getattr(logger, "experiment", None)
+            if hasattr(run, "track"):  # Aim
+                from aim import Text
+
+                run.track(Text(text), name="rollouts", step=self.global_step)
+
+    # -- validation ----------------------------------------------------------------------------
+    def validation_step(self, batch: PromptBatch, batch_idx: int) -> None:
+        for name, sampler in (("solo", self.solo_sampler), ("tandem", self.val_sampler)):
+            rollouts = self.rollout(
+                batch, sampler, 1, self.hparams.val_temperature, stream=1_000_000 + batch_idx
+            )
+            rewards = torch.tensor(self.reward.score(rollouts.texts, batch.answers))
+            self.log(
+                f"val/{name}/accuracy",
+                rewards.mean(),
+                sync_dist=True,
+                batch_size=len(batch),
+                prog_bar=name == "tandem",
+            )
+
+
+def _args(spec: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in spec.items() if k != "name"}

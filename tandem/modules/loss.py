@@ -1,0 +1,169 @@
+"""The GRPO objective, with the options users of other GRPO libraries expect.
+
+- group advantages: reward minus the group mean, divided by the group std (GRPO) or not
+  (``mean``, Dr. GRPO); groups whose rewards are all equal get advantage 0, never NaN;
+- a clipped importance ratio with separate low and high epsilon (DAPO's clip-higher);
+- aggregation: ``token_mean`` (every token of the batch weighs the same), ``seq_mean_token_mean``
+  (each sequence's token mean, then the mean over sequences: the original GRPO) or
+  ``seq_sum_constant`` (token sums divided by a constant, Dr. GRPO);
+- a KL penalty toward the junior (k1 or k3 estimator), which is also the paper's ablation;
+- ``lambda_jun``: the senior's log-likelihood of junior-written tokens, as an imitation term.
+
+The policy gradient flows only through tokens the senior wrote: the loss mask *is* the author
+mask. Junior tokens shape the reward and, with ``lambda_jun``, the imitation term; nothing else.
+
+What this file leaves out: producing log-probs (``tandem.modules.logprobs``) and the loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+ADVANTAGE_MODES = ("std", "mean")
+AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_sum_constant")
+KL_ESTIMATORS = ("k1", "k3")
+
+
+def group_advantages(
+    rewards: Tensor, group_size: int, normalize: str = "std", eps: float = 1e-6
+) -> Tensor:
+    """Advantages within groups of ``group_size`` consecutive rollouts of one prompt.
+
+    Args:
+        rewards: ``[N]`` with ``N`` a multiple of ``group_size``, rows of a group adjacent.
+        group_size: rollouts per prompt (G).
+        normalize: ``"std"`` divides by the group's std; ``"mean"`` only centres (Dr. GRPO).
+        eps: keeps the division finite; a group with equal rewards has a zero numerator anyway.
+
+    Returns:
+        ``[N]`` advantages, 0 for every member of an all-equal group.
+    """
+    if normalize not in ADVANTAGE_MODES:
+        raise ValueError(f"advantage normalize {normalize!r} must be one of {ADVANTAGE_MODES}.")
+    if rewards.ndim != 1 or rewards.numel() % group_size:
+        raise ValueError(
+            f"rewards of shape {tuple(rewards.shape)} cannot form groups of {group_size}: "
+            "expected one reward per rollout, a whole number of groups."
+        )
+    grouped = rewards.float().view(-1, group_size)  # [B, G]
+    centred = grouped - grouped.mean(dim=1, keepdim=True)  # [B, G]
+    if normalize == "std" and group_size > 1:
+        centred = centred / (grouped.std(dim=1, keepdim=True) + eps)
+    return centred.view(-1)  # [N]
+
+
+def zero_variance_groups(rewards: Tensor, group_size: int) -> Tensor:
+    """``[B]`` bool: groups whose rewards are all equal (they carry no GRPO signal)."""
+    grouped = rewards.view(-1, group_size)  # [B, G]
+    return (grouped == grouped[:, :1]).all(dim=1)
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """Options of the objective; config keys under ``module.loss`` equal these names.
+
+    Args:
+        clip_low: lower clip epsilon of the ratio (1 - clip_low).
+        clip_high: upper clip epsilon of the ratio (1 + clip_high).
+        aggregation: one of ``AGGREGATIONS``.
+        constant: the divisor of ``seq_sum_constant`` (usually the max response length).
+        kl_beta: weight of the KL penalty toward the junior (0: none).
+        kl_estimator: ``k1`` (log ratio) or ``k3`` (Schulman's unbiased, non-negative one).
+        lambda_jun: weight of the junior-imitation term (0 in the paper).
+    """
+
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    aggregation: str = "token_mean"
+    constant: float = 1.0
+    kl_beta: float = 0.0
+    kl_estimator: str = "k3"
+    lambda_jun: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(
+                f"loss aggregation {self.aggregation!r} must be one of {AGGREGATIONS}."
+            )
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(
+                f"loss kl_estimator {self.kl_estimator!r} must be one of {KL_ESTIMATORS}."
+            )
+        for key in ("clip_low", "clip_high", "kl_beta", "lambda_jun"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"loss {key} ({getattr(self, key)}) must be >= 0.")
+        if self.constant <= 0:
+            raise ValueError(f"loss constant ({self.constant}) must be > 0.")
+
+
+def aggregate(values: Tensor, mask: Tensor, how: str, constant: float = 1.0) -> Tensor:
+    """Reduce per-token ``values [N, T]`` over ``mask [N, T]`` to a scalar, ``how`` as named."""
+    mask = mask.to(values.dtype)
+    if how == "token_mean":
+        return (values * mask).sum() / mask.sum().clamp(min=1.0)
+    if how == "seq_mean_token_mean":
+        per_seq = (values * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)  # [N]
+        has_tokens = (mask.sum(dim=1) > 0).to(values.dtype)  # [N]
+        return (per_seq * has_tokens).sum() / has_tokens.sum().clamp(min=1.0)
+    if how == "seq_sum_constant":
+        return (values * mask).sum() / (constant * values.shape[0])
+    raise ValueError(f"unknown aggregation {how!r}; expected one of {AGGREGATIONS}.")
+
+
+def kl_penalty(logp: Tensor, ref_logp: Tensor, estimator: str) -> Tensor:
+    """Per-token estimate of KL(policy || reference) from the sampled tokens' log-probs."""
+    log_ratio = ref_logp - logp  # [N, T]
+    if estimator == "k1":
+        return -log_ratio
+    # k3 = r - log r - 1 with r = ref/policy: unbiased and never negative
+    log_ratio = log_ratio.clamp(-20.0, 20.0)
+    return torch.exp(log_ratio) - log_ratio - 1.0
+
+
+def grpo_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    ref_logp: Tensor | None,
+    advantages: Tensor,
+    senior_mask: Tensor,
+    junior_mask: Tensor,
+    cfg: LossConfig,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The loss to minimise and detached statistics.
+
+    Args:
+        logp: ``[N, T]`` the senior's current log-prob of each token (with grad).
+        old_logp: ``[N, T]`` the senior's log-prob when the rollout was sampled.
+        ref_logp: ``[N, T]`` the junior's log-prob (the reference), or None without KL.
+        advantages: ``[N]`` per-rollout advantages.
+        senior_mask: ``[N, T]`` bool, tokens the senior wrote and that count.
+        junior_mask: ``[N, T]`` bool, tokens the junior wrote and that count.
+        cfg: the options.
+    """
+    log_ratio = (logp - old_logp).clamp(-20.0, 20.0)  # [N, T]
+    ratio = torch.exp(log_ratio)  # [N, T]
+    adv = advantages.unsqueeze(1)  # [N, 1]
+    unclipped = ratio * adv
+    clipped = ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high) * adv
+    per_token = -torch.minimum(unclipped, clipped)  # [N, T]
+    loss = aggregate(per_token, senior_mask, cfg.aggregation, cfg.constant)
+    stats: dict[str, Tensor] = {"policy_loss": loss.detach()}
+    with torch.no_grad():
+        m = senior_mask.float()
+        stats["clip_fraction"] = ((unclipped != clipped).float() * m).sum() / m.sum().clamp(min=1)
+        stats["ratio_mean"] = (ratio * m).sum() / m.sum().clamp(min=1)
+    if ref_logp is not None:
+        kl = kl_penalty(logp, ref_logp, cfg.kl_estimator)  # [N, T]
+        kl_value = aggregate(kl, senior_mask, cfg.aggregation, cfg.constant)
+        stats["kl"] = kl_value.detach()
+        if cfg.kl_beta > 0:
+            loss = loss + cfg.kl_beta * kl_value
+    if cfg.lambda_jun > 0:
+        imitation = aggregate(-logp, junior_mask, cfg.aggregation, cfg.constant)
+        stats["junior_nll"] = imitation.detach()
+        loss = loss + cfg.lambda_jun * imitation
+    stats["loss"] = loss.detach()
+    return loss, stats

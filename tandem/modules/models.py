@@ -1,0 +1,56 @@
+"""Loading causal LMs and tokenizers by name: ``tiny`` (the embedded world), a folder, a hub name.
+
+What this file leaves out: freezing and placement (``tandem.modules.junior``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tandem.assets import TINY_WORLD
+
+ALIASES = {"tiny": TINY_WORLD}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve(name_or_path: str | Path) -> str:
+    """The folder or hub name behind ``name_or_path`` (``tiny`` is the embedded world)."""
+    return str(ALIASES.get(str(name_or_path), name_or_path))
+
+
+def looks_local(name_or_path: str) -> bool:
+    """True for things that can only be a path (hub names are ``owner/name`` or ``name``)."""
+    s = str(name_or_path)
+    return s.startswith(("/", ".", "~")) or s.count("/") > 1 or Path(s).exists()
+
+
+def check_model_path(name_or_path: str, key: str) -> str | None:
+    """An error message if ``name_or_path`` names a local folder that is not a model, else None."""
+    path = resolve(name_or_path)
+    if looks_local(path):
+        folder = Path(path).expanduser()
+        if not (folder / "config.json").is_file():
+            return (
+                f"{key} ({name_or_path!r}) is not a model folder: {folder} has no config.json. "
+                "Give a Hugging Face hub name, a folder written by save_pretrained, or `tiny`."
+            )
+    return None
+
+
+def load_causal_lm(name_or_path: str, dtype: str = "float32") -> torch.nn.Module:
+    """A Hugging Face causal LM in ``dtype``."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r} must be one of {sorted(DTYPES)}.")
+    return AutoModelForCausalLM.from_pretrained(resolve(name_or_path), dtype=DTYPES[dtype])
+
+
+def load_tokenizer(name_or_path: str) -> Any:
+    """The tokenizer of a checkpoint, left-padded for generation."""
+    tokenizer = AutoTokenizer.from_pretrained(resolve(name_or_path))
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer

@@ -1,0 +1,159 @@
+"""The training job end to end on the tiny world: outputs, junior isolation, exact resume."""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from safetensors.torch import load_file
+
+from tandem.assets import TINY_WORLD
+from tandem.train import run
+
+CONF = str(Path(__file__).resolve().parents[2] / "conf")
+TINY = [
+    "+data.sizes={train:64,validation:8}",
+    "batch_size=8",
+    "group_size=4",
+    "generation.max_new_tokens=24",
+    "validation.every_n_steps=2",
+    "validation.size=4",
+    "logger=csv",
+    "checkpoint_every_n_steps=1",
+    "module.lr=1e-3",
+    # 24 tokens cannot reach an answer, so rewards are all 0 and GRPO's advantages vanish;
+    # the imitation term keeps a gradient flowing so that these runs move the senior
+    "module.loss.lambda_jun=0.1",
+    "trainer.enable_progress_bar=false",
+]
+
+
+def config(out: Path, *overrides: str):
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        return compose("train", overrides=[*TINY, f"output_dir={out}", *overrides])
+
+
+def senior_weights(folder: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(folder / "model.safetensors"))
+
+
+def metrics_rows(out: Path) -> list[dict[str, str]]:
+    (path,) = out.glob("csv/version_*/metrics.csv")
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def test_tiny_run_trains_the_senior_only(tmp_path: Path) -> None:
+    run(config(tmp_path, "trainer.max_steps=2"))
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
+    keys = ckpt["state_dict"].keys()
+    assert keys and all(k.startswith("senior.") for k in keys), "only the senior is saved"
+    (opt,) = ckpt["optimizer_states"]
+    n_senior = sum(1 for k in keys if not k.endswith("lm_head.weight"))
+    assert len(opt["param_groups"][0]["params"]) == n_senior, "the junior is never optimized"
+    assert ckpt["global_step"] == 2
+    base, trained = senior_weights(TINY_WORLD), senior_weights(tmp_path / "senior")
+    assert base.keys() == trained.keys()
+    assert any(not torch.equal(base[k], trained[k]) for k in base), "the senior moved"
+    rows = [r for r in metrics_rows(tmp_path) if r.get("train/reward")]
+    assert len(rows) == 2
+    for row in rows:
+        assert 0.0 < float(row["train/senior_share"]) < 1.0, "word sampler at p=0.5"
+        assert float(row["train/handoffs_per_rollout"]) > 0
+        for key in (
+            "train/loss",
+            "train/clip_fraction",
+            "train/kl",
+            "time/generate",
+            "time/reward",
+            "time/update",
+            "time/tokens_per_second",
+            "train/lr",
+        ):
+            assert row[key] != "", key
+    val = [r for r in metrics_rows(tmp_path) if r.get("val/tandem/accuracy")]
+    assert val and 0.0 <= float(val[-1]["val/solo/accuracy"]) <= 1.0
+
+
+def test_resume_gives_the_same_senior_as_a_straight_run(tmp_path: Path) -> None:
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    run(config(straight, "trainer.max_steps=4"))
+    run(config(resumed, "trainer.max_steps=2"))
+    run(config(resumed, "trainer.max_steps=4", "ckpt_path=last"))
+    a, b = senior_weights(straight / "senior"), senior_weights(resumed / "senior")
+    base = senior_weights(TINY_WORLD)
+    assert any(not torch.equal(a[k], base[k]) for k in a), "the runs must move the senior"
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+@pytest.mark.parametrize("sampler", ["solo", "sentence"])
+def test_other_samplers_train(tmp_path: Path, sampler: str) -> None:
+    run(config(tmp_path, "trainer.max_steps=1", f"sampler={sampler}"))
+    (row,) = [r for r in metrics_rows(tmp_path) if r.get("train/reward")]
+    share = float(row["train/senior_share"])
+    assert share == 1.0 if sampler == "solo" else share <= 1.0
+
+
+def cli(out: Path, *overrides: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "tandem.train",
+        *TINY,
+        f"hydra.run.dir={out}",
+        f"output_dir={out}",
+        *overrides,
+    ]
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_matches_a_straight_run(tmp_path: Path) -> None:
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    run(config(straight, "trainer.max_steps=6"))
+    proc = subprocess.Popen(
+        cli(killed, "trainer.max_steps=6"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    last = killed / "checkpoints" / "last.ckpt"
+
+    def saved_step() -> int:
+        # checkpoints are written atomically, so a file that exists is whole
+        return torch.load(last, weights_only=False)["global_step"] if last.exists() else -1
+
+    deadline = time.time() + 600
+    while saved_step() < 3 and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert 3 <= saved_step() < 6, "killed mid-run, after step 3 was saved"
+    assert not (killed / "senior").exists(), "killed before the end"
+    subprocess.run(
+        cli(killed, "trainer.max_steps=6", "ckpt_path=last"),
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    a, b = senior_weights(straight / "senior"), senior_weights(killed / "senior")
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_ddp_on_two_cpu_processes(tmp_path: Path) -> None:
+    out = tmp_path / "ddp"
+    result = subprocess.run(
+        cli(out, "trainer=ddp", "trainer.max_steps=2"), capture_output=True, text=True, timeout=900
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [r for r in metrics_rows(out) if r.get("train/reward")]
+    assert len(rows) == 2
+    assert (out / "senior" / "model.safetensors").exists()
+    base, trained = senior_weights(TINY_WORLD), senior_weights(out / "senior")
+    assert any(not torch.equal(base[k], trained[k]) for k in base)

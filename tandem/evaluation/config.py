@@ -1,0 +1,107 @@
+"""Checking a composed evaluation config before any model loads or any dataset downloads.
+
+Every problem is collected and reported at once, naming the key, the value, the rule and the fix.
+
+What this file leaves out: the training config's checks (``tandem.config``, whose component
+check is reused here for the sampler and the reward).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from tandem.config import ConfigError, check_component
+from tandem.evaluation.models import is_checkpoint
+from tandem.modules.models import check_model_path
+from tandem.registry import DATASETS, REWARDS, SAMPLERS
+
+SAMPLING = {
+    "temperature": (lambda v: _number(v) and v >= 0, "a number >= 0 (0: greedy)"),
+    "top_p": (lambda v: _number(v) and 0 < v <= 1, "in (0, 1]"),
+    "top_k": (lambda v: _int(v) and v >= 0, "an integer >= 0 (0: off)"),
+    "max_new_tokens": (lambda v: _int(v) and v > 0, "a positive integer"),
+}
+
+
+def validate_eval_config(cfg: DictConfig) -> None:
+    """Raise ``ConfigError`` listing every problem of an evaluation config."""
+    problems = [
+        f"{key} is required but missing (???): set it on the command line ({key}=...)."
+        for key in OmegaConf.missing_keys(cfg)
+    ]
+    c = OmegaConf.to_container(cfg, resolve=False)
+    check_component(problems, "sampler", c.get("sampler"), SAMPLERS, skip=("tokenizer",))
+    check_component(problems, "reward", c.get("reward"), REWARDS)
+    _check_models(problems, c)
+    for key in ("batch_size", "forcing_batch_size"):
+        if not (_int(c.get(key)) and c[key] > 0):
+            problems.append(f"{key} ({c.get(key)!r}) must be a positive integer.")
+    threads = c.get("threads")
+    if threads is not None and not (_int(threads) and threads > 0):
+        problems.append(f"threads ({threads!r}) must be a positive integer or null (torch's).")
+    if not (c.get("solo") or c.get("handoff")):
+        problems.append("solo and handoff are both false: nothing to evaluate. Set one to true.")
+    if c.get("drift") and not c.get("solo"):
+        problems.append(
+            "drift=true needs solo=true: drift and legibility are measured on the senior's "
+            "solo outputs. Set solo=true or drift=false."
+        )
+    sets = c.get("eval")
+    if not isinstance(sets, dict) or not sets:
+        problems.append("eval names no eval set: choose some, e.g. eval=[tiny] or eval=[aime24].")
+    else:
+        for name, spec in sets.items():
+            _check_set(problems, f"eval.{name}", spec)
+    if problems:
+        raise ConfigError(
+            f"{len(problems)} problem(s) in the config:\n" + "\n".join(f"- {p}" for p in problems)
+        )
+
+
+def _check_models(problems: list[str], c: dict[str, Any]) -> None:
+    for key in ("senior", "junior"):
+        value = c.get(key)
+        if value is None and key == "junior":
+            continue
+        if not isinstance(value, str) or not value or value == "???":
+            continue  # a missing value is reported above
+        if is_checkpoint(value):
+            if not Path(value).expanduser().is_file():
+                problems.append(f"{key} ({value!r}) is not a checkpoint file that exists.")
+        elif msg := check_model_path(value, key):
+            problems.append(msg)
+
+
+def _check_set(problems: list[str], key: str, spec: Any) -> None:
+    if not isinstance(spec, dict):
+        problems.append(f"{key} must be a mapping (source, split, n, ks, sampling parameters).")
+        return
+    check_component(problems, f"{key}.source", spec.get("source"), DATASETS)
+    n, ks = spec.get("n", 1), spec.get("ks", [1])
+    if not (_int(n) and n > 0):
+        problems.append(f"{key}.n ({n!r}) must be a positive integer: samples per problem.")
+    elif not (isinstance(ks, list) and ks and all(_int(k) and 1 <= k <= n for k in ks)):
+        problems.append(
+            f"{key}.ks ({ks!r}) must be a non-empty list of integers in [1, n={n}]: pass@k "
+            f"needs at least k samples per problem. Raise {key}.n or drop the larger k."
+        )
+    limit = spec.get("limit")
+    if limit is not None and not (_int(limit) and limit > 0):
+        problems.append(f"{key}.limit ({limit!r}) must be a positive integer or null (all).")
+    for name, (ok, rule) in SAMPLING.items():
+        if name in spec and not ok(spec[name]):
+            problems.append(f"{key}.{name} ({spec[name]!r}) must be {rule}.")
+    unknown = set(spec) - {"source", "split", "limit", "n", "ks", "instruction", *SAMPLING}
+    if unknown:
+        problems.append(f"{key} has unknown keys {sorted(unknown)}.")
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)

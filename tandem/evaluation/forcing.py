@@ -1,0 +1,87 @@
+"""Teacher forcing: every model's full next-token distribution at every response position.
+
+Drift (KL to the base) and legibility (the junior's cross-entropy and overlap) compare whole
+distributions at the positions of a text that was already written, so they need one forward
+pass per model over ``[prompt | response]``, not new sampling. Rows are left-padded prompts and
+right-padded responses (as ``Rollouts`` hold them); explicit positions count real tokens only,
+so padding never shifts a row. Work runs in chunks of rows, each trimmed to its longest response.
+
+What this file leaves out: what is computed from the distributions (``tandem.metrics``) and the
+log-probs of the policy update (``tandem.modules.logprobs``, which keeps only emitted tokens).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Forced:
+    """One chunk of rows with every model's distributions at its response positions.
+
+    Attributes:
+        rows: which rows of the input this chunk holds.
+        tokens: response ids.
+        mask: real response tokens.
+        logits: one ``[n, T, V]`` tensor per model, in the order the models were given.
+    """
+
+    rows: Tensor  # [n] long
+    tokens: Tensor  # [n, T] long
+    mask: Tensor  # [n, T] bool
+    logits: list[Tensor]  # each [n, T, V]
+
+
+def response_logits(
+    model: torch.nn.Module, prompt_tokens: Tensor, prompt_mask: Tensor, tokens: Tensor, mask: Tensor
+) -> Tensor:
+    """``[N, T, V]`` logits predicting each response token from everything before it.
+
+    Args:
+        model: a Hugging Face causal LM.
+        prompt_tokens: ``[N, P]`` left-padded prompt ids.
+        prompt_mask: ``[N, P]`` 1 on real prompt tokens.
+        tokens: ``[N, T]`` right-padded response ids.
+        mask: ``[N, T]`` 1 on real response tokens.
+    """
+    device = next(model.parameters()).device
+    ids = torch.cat([prompt_tokens, tokens], dim=1).to(device)  # [N, P+T]
+    attention = torch.cat([prompt_mask, mask], dim=1).to(device).long()  # [N, P+T]
+    positions = (attention.cumsum(dim=1) - 1).clamp(min=0)  # [N, P+T]
+    with torch.inference_mode():
+        logits = model(input_ids=ids, attention_mask=attention, position_ids=positions).logits
+    p = prompt_tokens.shape[1]
+    # the logit at position i predicts token i+1: responses start after the last prompt token
+    return logits[:, p - 1 : -1]  # [N, T, V]
+
+
+def forced_chunks(
+    models: Sequence[torch.nn.Module],
+    prompt_tokens: Tensor,
+    prompt_mask: Tensor,
+    tokens: Tensor,
+    mask: Tensor,
+    batch_size: int,
+) -> Iterator[Forced]:
+    """Teacher-force every model on the same rows, ``batch_size`` rows at a time.
+
+    Args:
+        models: the models to compare (e.g. senior and junior); logits come back in this order,
+            on each model's own device.
+        prompt_tokens, prompt_mask: ``[N, P]`` left-padded prompts and their mask.
+        tokens, mask: ``[N, T]`` right-padded responses and their mask.
+        batch_size: rows per forward pass.
+    """
+    assert batch_size >= 1, f"batch_size ({batch_size}) must be a positive number of rows"
+    mask = mask.bool()
+    lengths = mask.sum(1)  # [N]
+    for lo in range(0, tokens.shape[0], batch_size):
+        rows = torch.arange(lo, min(lo + batch_size, tokens.shape[0]))  # [n]
+        t = max(1, int(lengths[rows].max()))
+        chunk = (prompt_tokens[rows], prompt_mask[rows], tokens[rows, :t], mask[rows, :t])
+        logits = [response_logits(m, *chunk) for m in models]
+        yield Forced(rows, chunk[2], chunk[3], logits)

@@ -1,0 +1,85 @@
+"""Result tables: one per eval set plus the macro average, as JSON and CSV, and to Aim.
+
+``results.json`` holds the run's description (label, senior, junior, sampler, config), every
+set's table (metric -> value), each set's data report (unusable rows) and the macro average;
+``results.csv`` holds one row per set and a last row ``macro``. The macro average of a metric is
+the plain mean over the sets that report it (each set weighs the same, whatever its size).
+
+What this file leaves out: computing the values (``tandem.evaluation.runner``).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+MACRO = "macro"
+
+
+def macro_average(tables: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Per metric, the mean over the sets that report it (NaN values are left out)."""
+    keys = sorted({k for table in tables.values() for k in table})
+    out = {}
+    for key in keys:
+        values = [t[key] for t in tables.values() if key in t and not math.isnan(t[key])]
+        if values:
+            out[key] = sum(values) / len(values)
+    return out
+
+
+def write_results(
+    folder: str | Path, tables: dict[str, dict[str, float]], meta: dict[str, Any]
+) -> dict[str, Any]:
+    """Write ``results.json`` and ``results.csv`` to ``folder``; returns what the JSON holds."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    macro = macro_average(tables)
+    results = {**meta, "sets": tables, MACRO: macro}
+    (folder / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+    columns = sorted({k for t in (*tables.values(), macro) for k in t}, key=_column_order)
+    with (folder / "results.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["set", *columns])
+        for name, table in [*tables.items(), (MACRO, macro)]:
+            writer.writerow([name, *(_cell(table.get(c)) for c in columns)])
+    return results
+
+
+def log_to_aim(
+    repo: str | Path, experiment: str, results: dict[str, Any], params: dict[str, Any]
+) -> str:
+    """Track every value as ``eval/<metric>`` with context ``{"set": name}``; returns the run hash.
+
+    The run's ``hparams`` hold ``params`` (the config) and its ``results_dir`` the folder with
+    the JSON, CSV and generations, so that a notebook can go from Aim to the records.
+    """
+    from aim import Run  # imported here: Aim starts slowly and is optional
+
+    run = Run(repo=str(repo), experiment=experiment, system_tracking_interval=None)
+    try:
+        run["hparams"] = params
+        run["label"] = results.get("label")
+        run["results_dir"] = str(results.get("output_dir"))
+        for name, table in [*results["sets"].items(), (MACRO, results[MACRO])]:
+            for metric, value in table.items():
+                if not math.isnan(value):
+                    run.track(float(value), name=f"eval/{metric}", context={"set": name})
+        return run.hash
+    finally:
+        run.close()
+
+
+def _column_order(key: str) -> tuple[Any, ...]:
+    # solo before handoff before the rest; pass@k by k, not by its text
+    mode, _, metric = key.partition("/")
+    rank = {"solo": 0, "handoff": 1, "drift": 2, "legibility": 3}.get(mode, 4)
+    if metric.startswith("pass@") and metric[5:].isdigit():
+        return (rank, 0, int(metric[5:]), metric)
+    return (rank, 1, 0, metric)
+
+
+def _cell(value: float | None) -> str:
+    return "" if value is None else f"{value:.6g}"

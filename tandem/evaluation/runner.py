@@ -1,0 +1,226 @@
+"""Evaluating one senior (with its junior) on eval sets: pass@k, drift, legibility, team stats.
+
+For each set, up to two sampling passes over its problems, ``n`` samples each:
+
+- ``solo``: the senior alone. Then drift and legibility on these same outputs by teacher
+  forcing (no new sampling): KL(senior || junior) per token, the junior's cross-entropy on the
+  senior's tokens, and the per-token overlap of the two distributions;
+- ``handoff``: senior and junior together under the handoff sampler (the reasoning-step
+  schedule by default), with the senior's token share and the handoffs per rollout.
+
+Each pass scores every sample with the reward, feeds the metrics (``tandem.metrics``), and
+writes every rollout as a JSONL record. Seeds depend on (seed, pass, batch) only, so a rerun
+draws the same samples.
+
+What this file leaves out: loading models and configs (``tandem.evaluate``) and tables
+(``tandem.evaluation.results``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+from torchmetrics import MeanMetric, Metric
+from tqdm.auto import tqdm
+
+from tandem.engine import SENIOR, Rollouts, StopReason, generate
+from tandem.evaluation.forcing import forced_chunks
+from tandem.evaluation.records import RecordWriter, build_records
+from tandem.evaluation.sets import EvalSet, Problems, load_problems
+from tandem.metrics import (
+    DistributionOverlap,
+    HandoffsPerRollout,
+    JuniorCrossEntropy,
+    PassAtK,
+    SeniorShare,
+    TokenKL,
+    kl_divergence,
+    token_overlap,
+)
+from tandem.registry import SAMPLERS
+from tandem.rewards import Verdict
+
+MODES = ("solo", "handoff")
+
+
+class Evaluator:
+    """Samples, scores and measures eval sets with a fixed senior, junior and reward.
+
+    Args:
+        senior: the Hugging Face causal LM under evaluation.
+        junior: its frozen partner and the reference of drift (by default its base).
+        tokenizer: the tokenizer both share.
+        reward: a reward with ``verify(texts, golds)`` (``tandem.rewards``).
+        sampler: registry name (``name``) and arguments of the handoff sampler.
+        batch_size: rollouts per generate call (``batch_size // n`` prompts, at least one).
+        forcing_batch_size: rollouts per teacher-forcing forward pass.
+        seed: decides every sample and coin.
+        solo, handoff, drift: which passes run (drift needs solo).
+        writer: where records go (None: nowhere).
+        progress: show a progress bar over problems x samples.
+    """
+
+    def __init__(
+        self,
+        senior: torch.nn.Module,
+        junior: torch.nn.Module,
+        tokenizer: Any,
+        reward: Any,
+        sampler: dict[str, Any],
+        *,
+        batch_size: int = 64,
+        forcing_batch_size: int = 4,
+        seed: int = 0,
+        solo: bool = True,
+        handoff: bool = True,
+        drift: bool = True,
+        writer: RecordWriter | None = None,
+        progress: bool = True,
+    ) -> None:
+        assert solo or not drift, "drift is measured on the solo outputs: set solo=true"
+        self.senior, self.junior, self.tokenizer, self.reward = senior, junior, tokenizer, reward
+        self.sampler = dict(sampler)
+        self.batch_size, self.forcing_batch_size = batch_size, forcing_batch_size
+        self.seed, self.writer, self.progress = seed, writer, progress
+        self.modes = [m for m, on in zip(MODES, (solo, handoff), strict=True) if on]
+        self.drift = drift
+
+    def run(self, eval_set: EvalSet) -> tuple[dict[str, float], Problems]:
+        """Every pass on one set: its table (metric -> value) and the problems it used."""
+        problems = load_problems(eval_set, self.tokenizer)
+        table: dict[str, float] = {}
+        for mode in self.modes:
+            table.update(self.run_mode(eval_set, problems, mode))
+        return table, problems
+
+    def run_mode(self, eval_set: EvalSet, problems: Problems, mode: str) -> dict[str, float]:
+        """One sampling pass (``solo`` or ``handoff``) over the problems: its metrics."""
+        metrics = self.metrics(eval_set, mode)
+        sampler = self.build_sampler(mode)
+        junior = None if mode == "solo" else self.junior
+        n = eval_set.n
+        per_call = max(1, self.batch_size // n)
+        bar = tqdm(
+            total=len(problems) * n,
+            desc=f"{eval_set.name} {mode}",
+            unit="sample",
+            disable=not self.progress,
+        )
+        for b, lo in enumerate(range(0, len(problems), per_call)):
+            idx = list(range(lo, min(lo + per_call, len(problems))))
+            params = eval_set.params(self.seed + 10_007 * b + MODES.index(mode))
+            prompts = [problems.prompt_ids[i] for i in idx]
+            rollouts = generate(
+                self.senior, junior, prompts, sampler, params, tokenizer=self.tokenizer
+            )
+            golds = [problems.answers[i] for i in idx for _ in range(n)]
+            verdicts = self.verify(rollouts.texts, golds)
+            scores = torch.tensor([v.score for v in verdicts])  # [B*n]
+            extra = self.update(metrics, rollouts, scores.view(len(idx), n) > 0.5, mode)
+            if self.writer is not None:
+                context = {
+                    "set": eval_set.name,
+                    "mode": mode,
+                    "n": n,
+                    "problem_offset": lo,
+                    "problems": [problems.problems[i] for i in idx],
+                    "answers": [problems.answers[i] for i in idx],
+                    "prompt_ids": prompts,
+                }
+                records = build_records(rollouts, verdicts, context, self.tokenizer, extra)
+                self.writer.write(eval_set.name, records)
+            bar.update(rollouts.num_rows)
+        bar.close()
+        # pass@k, lengths and team stats are this pass's; drift and legibility keys are full
+        return {k if "/" in k else f"{mode}/{k}": v for k, v in _values(metrics).items()}
+
+    def verify(self, texts: list[str], golds: list[str]) -> list[Verdict]:
+        """The reward's verdicts; rewards without ``verify`` give their score and no reason."""
+        if hasattr(self.reward, "verify"):
+            return self.reward.verify(texts, golds)
+        return [Verdict(s, "scored") for s in self.reward.score(texts, golds)]
+
+    def metrics(self, eval_set: EvalSet, mode: str) -> dict[str, Metric]:
+        """The metrics one pass feeds, by the name they take in the table."""
+        out: dict[str, Metric] = {
+            "pass": PassAtK(ks=eval_set.ks),
+            "response_length": MeanMetric(),
+            "truncated": MeanMetric(),
+        }
+        if mode == "handoff":
+            out.update(senior_share=SeniorShare(), handoffs=HandoffsPerRollout())
+        if mode == "solo" and self.drift:
+            out.update(
+                {
+                    "drift/kl": TokenKL(),
+                    "legibility/junior_ce": JuniorCrossEntropy(),
+                    "legibility/overlap": DistributionOverlap(),
+                }
+            )
+        return out
+
+    def build_sampler(self, mode: str) -> Any:
+        """A fresh sampler per pass, so that its coins do not depend on earlier sets."""
+        if mode == "solo":
+            return SAMPLERS.build("solo", tokenizer=self.tokenizer)
+        spec = dict(self.sampler)
+        return SAMPLERS.build(spec.pop("name"), tokenizer=self.tokenizer, **spec)
+
+    def update(
+        self, metrics: dict[str, Metric], rollouts: Rollouts, correct: Tensor, mode: str
+    ) -> dict[str, Tensor]:
+        """Feed one batch to the metrics; returns per-token values for its records."""
+        metrics["pass"].update(correct)  # [B, n]
+        metrics["response_length"].update(rollouts.lengths.float().cpu())
+        metrics["truncated"].update((rollouts.stop_reasons == StopReason.LENGTH).float().cpu())
+        if "senior_share" in metrics:
+            metrics["senior_share"].update(rollouts.authors.cpu())
+            metrics["handoffs"].update(rollouts.authors.cpu())
+        if "drift/kl" in metrics:
+            return self.force(metrics, rollouts)
+        return {}
+
+    def force(self, metrics: dict[str, Metric], rollouts: Rollouts) -> dict[str, Tensor]:
+        """Drift and legibility on a solo batch by teacher forcing both models."""
+        p = rollouts.prompt_tokens.shape[1]
+        prompt_mask = torch.arange(p) >= (p - rollouts.prompt_lengths.cpu())[:, None]  # [N, P]
+        shape = rollouts.tokens.shape
+        per_token = {k: torch.zeros(shape) for k in ("kl", "overlap", "junior_logprobs")}
+        chunks = forced_chunks(
+            [self.senior, self.junior],
+            rollouts.prompt_tokens.cpu(),
+            prompt_mask,
+            rollouts.tokens.cpu(),
+            rollouts.mask.cpu(),
+            self.forcing_batch_size,
+        )
+        for chunk in chunks:
+            s, j = chunk.logits[0], chunk.logits[1].to(chunk.logits[0].device)  # [n, T, V]
+            t = chunk.tokens.shape[1]
+            # the senior's own tokens (all of them in solo rows)
+            mask = chunk.mask & (rollouts.authors.cpu()[chunk.rows, :t] == SENIOR)  # [n, T]
+            metrics["drift/kl"].update(s, j, mask)
+            metrics["legibility/overlap"].update(s, j, mask)
+            metrics["legibility/junior_ce"].update(j, mask, tokens=chunk.tokens)
+            tokens = chunk.tokens.to(j.device)[..., None]
+            values = {
+                "kl": kl_divergence(s, j),
+                "overlap": token_overlap(s, j),
+                "junior_logprobs": j.float().log_softmax(-1).gather(-1, tokens).squeeze(-1),
+            }
+            for k, v in values.items():
+                per_token[k][chunk.rows, :t] = torch.where(mask, v.cpu(), 0.0)
+        return per_token
+
+
+def _values(metrics: dict[str, Metric]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for name, metric in metrics.items():
+        value = metric.compute()
+        if isinstance(value, dict):
+            out.update({k: float(v) for k, v in value.items()})
+        else:
+            out[name] = float(value)
+    return out

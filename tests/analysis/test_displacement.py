@@ -1,0 +1,90 @@
+"""The displacement analysis: ranks and Spearman, the top-N shift statistics on known means,
+and teacher forcing on evaluation records."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from tandem.analysis.displacement import (
+    displacement,
+    displacement_on_records,
+    mean_probabilities,
+    ranks,
+    records_to_tensors,
+    spearman,
+)
+from tandem.evaluation.records import read_records
+from tandem.modules.models import load_causal_lm
+
+
+class FixedLM(torch.nn.Module):
+    """A stand-in causal LM whose next-token logits are the same at every position."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        super().__init__()
+        self.logits = torch.nn.Parameter(logits.clone(), requires_grad=False)
+
+    def forward(self, input_ids, attention_mask, position_ids):
+        shape = (*input_ids.shape, self.logits.shape[0])
+        return SimpleNamespace(logits=self.logits.expand(shape))
+
+
+def test_ranks_average_ties_and_spearman_matches_hand_values() -> None:
+    assert ranks(torch.tensor([10.0, 20.0, 10.0, 5.0])).tolist() == [2.5, 4.0, 2.5, 1.0]
+    x = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert spearman(x, x**3) == pytest.approx(1.0)
+    assert spearman(x, -x) == pytest.approx(-1.0)
+    # d = rank differences (0, 0, 1, -1, 0): rho = 1 - 6 * 2 / (5 * 24) = 0.9
+    assert spearman(x, torch.tensor([1.0, 2.0, 4.0, 3.0, 5.0])) == pytest.approx(0.9)
+    assert math.isnan(spearman(x, torch.ones(5)))
+
+
+def test_top_items_pulled_back_and_correlations_on_known_means() -> None:
+    base = torch.tensor([0.4, 0.3, 0.2, 0.1, 0.0], dtype=torch.float64)
+    grpo = torch.tensor([0.1, 0.3, 0.2, 0.1, 0.3], dtype=torch.float64)  # shifts -.3 0 0 0 +.3
+    trl = torch.tensor([0.3, 0.25, 0.2, 0.1, 0.15], dtype=torch.float64)  # -.1 -.05 0 0 +.15
+    d = displacement(base, grpo, trl, top=2)
+    assert sorted(d.token_ids.tolist()) == [0, 4]
+    assert d.pulled_back == 1.0  # both moved less by TRL
+    assert d.spearman_top == pytest.approx(1.0)
+    # over the vocabulary the shifts rank (1, 3, 3, 3, 5) against (1, 2, 3.5, 3.5, 5)
+    assert d.spearman_all == pytest.approx(spearman(grpo - base, trl - base))
+    assert 0.5 < d.spearman_all < 1.0
+    assert [row["token_id"] for row in d.table()] == d.token_ids.tolist()
+
+
+def test_mean_probabilities_by_teacher_forcing_fixed_models() -> None:
+    logits = torch.tensor([[2.0, 0.0, -1.0], [0.0, 0.0, 0.0]])
+    models = [FixedLM(x) for x in logits]
+    prompt = torch.tensor([[0, 1, 2], [1, 2, 0]])
+    prompt_mask = torch.tensor([[0, 1, 1], [1, 1, 1]], dtype=torch.bool)
+    tokens = torch.tensor([[1, 2, 0], [2, 0, 0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]], dtype=torch.bool)
+    means, count = mean_probabilities(models, prompt, prompt_mask, tokens, mask, batch_size=1)
+    assert count == 3
+    torch.testing.assert_close(means, logits.double().softmax(-1))
+
+
+def test_displacement_on_evaluation_records(eval_outputs: Path) -> None:
+    path = eval_outputs / "results" / "base" / "generations" / "tiny.jsonl"
+    records = [r for r in read_records(path) if r["mode"] == "solo"]
+    prompt, prompt_mask, tokens, mask = records_to_tensors(records)
+    assert int(mask.sum()) == sum(r["length"] for r in records)
+    assert prompt_mask.sum(1).tolist() == [len(r["prompt_ids"]) for r in records]
+    for i, r in enumerate(records):
+        assert prompt[i][prompt_mask[i]].tolist() == r["prompt_ids"]
+        assert tokens[i, : r["length"]].tolist() == r["tokens"]
+    base = load_causal_lm("tiny")
+    moved = load_causal_lm("tiny")
+    with torch.no_grad():
+        moved.lm_head.weight[5] += 2.0  # tied: token 5's logit rises everywhere
+    d = displacement_on_records(records, base, moved, base, top=10, batch_size=4)
+    assert d.positions == int(mask.sum())
+    assert int(d.token_ids[0]) == 5 and float(d.grpo[5]) > float(d.base[5])
+    # TRL = the base: every displaced item is back where the base had it
+    assert d.pulled_back == 1.0

@@ -1,0 +1,61 @@
+"""The notebook helpers: loading results (JSON and Aim), training logs, plots and the rollout."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+import pytest
+
+from tandem.analysis import report
+
+matplotlib.use("Agg")
+
+
+def test_results_from_json_and_from_aim_agree(eval_outputs: Path) -> None:
+    results = report.load_results(eval_outputs / "results")
+    saved = json.loads((eval_outputs / "results" / "base" / "results.json").read_text())
+    row = results[(results["set"] == "tiny") & (results["metric"] == "solo/pass@2")]
+    assert row["value"].item() == saved["sets"]["tiny"]["solo/pass@2"]
+    assert set(results["set"]) == {"tiny", "macro"} and set(results["label"]) == {"base"}
+    aim = report.load_results("unused", aim_repo=eval_outputs / "aim")
+    key = ["label", "set", "metric"]
+    merged = results.merge(aim, on=key, suffixes=("_json", "_aim"))
+    assert len(merged) == len(results) == len(aim)
+    assert (merged["value_json"] - merged["value_aim"]).abs().max() < 1e-9
+    assert set(merged["results_dir_aim"]) == {str(eval_outputs / "results" / "base")}
+
+
+def test_pass_at_k_plot_has_a_curve_per_mode(eval_outputs: Path) -> None:
+    results = report.load_results(eval_outputs / "results")
+    curves = report.pass_at_k(results)
+    assert sorted(set(curves["mode"])) == ["handoff", "solo"]
+    assert sorted(set(curves["k"])) == [1, 2]
+    fig = report.plot_pass_at_k(results)
+    assert len(fig.axes) == 2  # tiny and macro
+    assert len(fig.axes[0].lines) == 2  # one method x (solo, handoff)
+    fig = report.plot_drift_legibility(results)
+    assert len(fig.axes) == 3
+
+
+def test_training_curves_are_read_from_csv_logs(training_runs: Path) -> None:
+    curves = report.load_training_curves(training_runs)
+    assert set(curves["run"]) == {"grpo", "trl"}
+    reward = curves[(curves["run"] == "trl") & (curves["key"] == "train/reward")]
+    assert reward["value"].tolist() == pytest.approx([0.02 * s for s in range(10)])
+    val = curves[curves["key"] == "val/tandem/accuracy"]
+    assert len(val) == 4  # logged every 5 steps only: empty cells are not values
+    fig = report.plot_training(curves)
+    assert len(fig.axes) == 3 and len(fig.axes[0].lines) == 2
+
+
+def test_rollout_html_colours_each_author_and_escapes_text(eval_outputs: Path) -> None:
+    records = report.load_generations(eval_outputs / "results")
+    assert len(records) == 2 * 3 * 2
+    chosen = report.pick_rollout(records, mode="handoff")
+    assert {a for a, _ in chosen["spans"]} == {"senior", "junior"}
+    record = {**chosen, "spans": [["senior", "a < b\n\n"], ["junior", "so \\boxed{1}"]]}
+    page = report.rollout_html(record)
+    assert f'color:{report.COLORS["senior"]}" title="senior">a &lt; b' in page
+    assert f'color:{report.COLORS["junior"]}" title="junior">so \\boxed{{1}}' in page

@@ -1,0 +1,79 @@
+"""Drift, legibility and team metrics against values worked out by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tandem.metrics import (
+    DistributionOverlap,
+    HandoffsPerRollout,
+    JuniorCrossEntropy,
+    SeniorShare,
+    TokenKL,
+    kl_divergence,
+    token_overlap,
+)
+from tandem.registry import METRICS
+
+
+def test_kl_and_overlap_of_two_known_distributions() -> None:
+    p = torch.tensor([0.5, 0.5, 0.0]).log()
+    q = torch.tensor([0.25, 0.25, 0.5]).log()
+    # KL(p || q) = 2 * 0.5 * log(0.5 / 0.25) = log 2; the zero of p contributes nothing
+    assert float(kl_divergence(p, q)) == pytest.approx(math.log(2))
+    assert float(kl_divergence(q, p)) == math.inf
+    assert float(token_overlap(p, q)) == pytest.approx(0.5)
+
+
+def test_metrics_average_over_masked_tokens_only() -> None:
+    g = torch.Generator().manual_seed(0)
+    p, q = torch.randn(3, 4, 7, generator=g), torch.randn(3, 4, 7, generator=g)
+    mask = torch.tensor([[1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 1]], dtype=torch.bool)
+    want_kl = kl_divergence(p, q)[mask].mean()
+    want_overlap = token_overlap(p, q)[mask].mean()
+    kl, shared = TokenKL(), DistributionOverlap()
+    kl.update(p, q, mask)
+    # logits and log-probs of the same distribution give the same numbers
+    shared.update(p.log_softmax(-1), q * 1.0, mask)
+    assert float(kl.compute()) == pytest.approx(float(want_kl), rel=1e-5)
+    assert float(shared.compute()) == pytest.approx(float(want_overlap), rel=1e-5)
+    assert 0 < float(shared.compute()) < 1 and float(kl.compute()) > 0
+
+
+def test_self_comparison_is_zero_drift_and_full_overlap() -> None:
+    logits = torch.randn(2, 5, 11) * 4
+    kl, shared = TokenKL(), DistributionOverlap()
+    kl.update(logits, logits.clone())
+    shared.update(logits, logits.clone())
+    assert float(kl.compute()) == 0.0
+    assert float(shared.compute()) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_junior_cross_entropy_from_token_logprobs_or_logits() -> None:
+    logits = torch.randn(2, 3, 6)
+    tokens = torch.tensor([[0, 5, 2], [1, 1, 3]])
+    mask = torch.tensor([[1, 1, 0], [0, 1, 1]], dtype=torch.bool)
+    lp = logits.log_softmax(-1).gather(-1, tokens[..., None]).squeeze(-1)  # [2, 3]
+    a, b = METRICS.build("junior_ce"), JuniorCrossEntropy()
+    a.update(lp, mask)
+    b.update(logits, mask, tokens=tokens)
+    want = -float(lp[mask].mean())
+    assert float(a.compute()) == pytest.approx(want, rel=1e-6)
+    assert float(b.compute()) == pytest.approx(want, rel=1e-6)
+
+
+def test_team_statistics() -> None:
+    authors = torch.tensor([[1, 1, 0, 0, 1, -1], [1, 1, 1, -1, -1, -1]])
+    share, handoffs = SeniorShare(), HandoffsPerRollout()
+    share.update(authors)
+    handoffs.update(authors)
+    assert float(share.compute()) == pytest.approx(6 / 8)
+    assert float(handoffs.compute()) == pytest.approx(1.0)  # (2 + 0) / 2 rollouts
+
+
+def test_every_metric_is_registered() -> None:
+    names = {"pass_at_k", "token_kl", "junior_ce", "overlap", "senior_share", "handoffs"}
+    assert names <= set(METRICS.names())

@@ -1,0 +1,220 @@
+"""python -m tandem.evaluate: configs, the checked tiny-world example, local files, checkpoints.
+
+The checked example evaluates the tiny world's base against itself: its drift must be 0, its
+overlap with itself 1, the junior's cross-entropy the senior's own sampled NLL, and its pass@k
+curve must rise with k.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from tandem.config import ConfigError
+from tandem.evaluate import run
+from tandem.evaluation.config import validate_eval_config
+from tandem.evaluation.models import senior_base
+from tandem.evaluation.records import read_records
+from tandem.modules.models import load_causal_lm
+
+CONF = str(Path(__file__).resolve().parents[1] / "conf")
+EVAL_SETS = ["tiny", "math500", "aime24", "aime25", "aime26", "amc23", "minerva"]
+# quick runs: one torch thread (fastest on a small shared CPU), no Aim, no progress bar
+QUICK = ["threads=1", "aim=false", "progress=false"]
+
+
+def eval_config(*overrides: str):
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        return compose(config_name="evaluate", overrides=list(overrides))
+
+
+def test_every_eval_set_composes_and_validates() -> None:
+    cfg = eval_config(f"eval=[{','.join(EVAL_SETS)}]", "output_dir=x")
+    assert list(cfg.eval) == EVAL_SETS
+    assert cfg.eval.math500.source.path == "HuggingFaceH4/MATH-500"
+    assert cfg.sampler.name == "step"
+    validate_eval_config(cfg)
+    files = [f"eval.{s}.source.data_files=f.jsonl" for s in ("amc24", "amc25", "local")]
+    validate_eval_config(eval_config("eval=[amc24,amc25,local]", "output_dir=x", *files))
+
+
+def test_bad_config_reports_every_problem_at_once() -> None:
+    cfg = eval_config(
+        "eval=[tiny,local]",
+        "output_dir=x",
+        "eval.tiny.ks=[1,16]",
+        "eval.tiny.temperature=-1",
+        "sampler.name=stpe",
+        "solo=false",
+        "junior=/no/such/folder",
+    )
+    with pytest.raises(ConfigError) as err:
+        validate_eval_config(cfg)
+    message = str(err.value)
+    assert "6 problem(s)" in message
+    assert "eval.local.source.data_files is required but missing" in message
+    assert "eval.tiny.ks ([1, 16]) must be a non-empty list of integers in [1, n=8]" in message
+    assert "eval.tiny.temperature (-1) must be a number >= 0" in message
+    assert "Did you mean 'step'?" in message
+    assert "drift=true needs solo=true" in message
+    assert "junior ('/no/such/folder') is not a model folder" in message
+
+
+@pytest.fixture(scope="module")
+def base_vs_itself(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
+    out = tmp_path_factory.mktemp("base_vs_itself")
+    cfg = eval_config(
+        f"output_dir={out}",
+        "senior=tiny",
+        "junior=tiny",
+        "eval.tiny.limit=8",
+        "eval.tiny.n=8",
+        "eval.tiny.ks=[1,2,4,8]",
+        *QUICK,
+    )
+    return run(cfg), out
+
+
+def test_base_against_itself_has_no_drift_and_full_overlap(base_vs_itself) -> None:
+    results, _ = base_vs_itself
+    table = results["sets"]["tiny"]
+    assert table["drift/kl"] == pytest.approx(0.0, abs=1e-6)
+    assert table["legibility/overlap"] == pytest.approx(1.0, abs=1e-5)
+    assert table["legibility/junior_ce"] > 0
+    assert 0 < table["handoff/senior_share"] < 1 and table["handoff/handoffs"] > 0
+
+
+def test_base_pass_at_k_rises_with_k(base_vs_itself) -> None:
+    results, _ = base_vs_itself
+    table = results["sets"]["tiny"]
+    for mode in ("solo", "handoff"):
+        curve = [table[f"{mode}/pass@{k}"] for k in (1, 2, 4, 8)]
+        assert all(a <= b + 1e-12 for a, b in itertools.pairwise(curve)), curve
+    solo = [table[f"solo/pass@{k}"] for k in (1, 2, 4, 8)]
+    assert solo[-1] > solo[0], f"the base solves no problem of 8 in 8 samples: {solo}"
+
+
+def test_records_hold_every_generation(base_vs_itself) -> None:
+    results, out = base_vs_itself
+    records = list(read_records(out / "generations" / "tiny.jsonl"))
+    assert len(records) == 2 * 8 * 8
+    solo = [r for r in records if r["mode"] == "solo"]
+    handoff = [r for r in records if r["mode"] == "handoff"]
+    assert {(r["problem_index"], r["sample"]) for r in solo} == {
+        (i, j) for i in range(8) for j in range(8)
+    }
+    for r in records:
+        n = r["length"]
+        assert len(r["tokens"]) == len(r["authors"]) == len(r["senior_logprobs"]) == n
+        assert len(r["junior_logprobs"]) == n
+        assert "".join(text for _, text in r["spans"]) == r["text"]
+    assert any({a for a, _ in r["spans"]} == {"senior", "junior"} for r in handoff)
+    # the junior is the senior: teacher-forced junior log-probs are the sampled senior's
+    sampled = torch.tensor([x for r in solo for x in r["senior_logprobs"]])
+    forced = torch.tensor([x for r in solo for x in r["junior_logprobs"]])
+    torch.testing.assert_close(forced, sampled, atol=2e-4, rtol=1e-4)
+    ce = results["sets"]["tiny"]["legibility/junior_ce"]
+    assert ce == pytest.approx(-float(sampled.mean()), rel=1e-4)
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert [r["set"] for r in rows] == ["tiny", "macro"]
+    assert json.loads((out / "results.json").read_text())["junior"] == "tiny"
+
+
+def test_local_file_set_reports_unusable_rows_and_macro_averages(tmp_path: Path) -> None:
+    rows = [
+        {"question": "Ava has 3 apples. Ava finds 4 more apples. How many apples?", "gold": "7"},
+        {"question": "Ben has 9 pens. Ben loses 2 pens. How many pens?", "gold": ""},
+        {"question": "Kira has 5 cups. How many cups?", "gold": None},
+    ]
+    data = tmp_path / "problems.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    cfg = eval_config(
+        "eval=[tiny,local]",
+        f"output_dir={out}",
+        f"eval.local.source.data_files={data}",
+        "eval.local.source.problem_column=question",
+        "eval.local.source.answer_column=gold",
+        "eval.local.n=2",
+        "eval.local.ks=[1,2]",
+        "eval.local.max_new_tokens=32",
+        "eval.tiny.limit=2",
+        "eval.tiny.n=2",
+        "eval.tiny.ks=[1,2]",
+        "eval.tiny.max_new_tokens=32",
+        "handoff=false",
+        *QUICK,
+    )
+    results = run(cfg)
+    report = results["reports"]["local"]
+    assert report["kept"] == 1 and report["unusable"] == 2 and report["problems"] == 1
+    assert report["reasons"] == {"empty answer": 1, "missing answer": 1}
+    assert report["example"]["question"].startswith("Ben")
+    sets, macro = results["sets"], results["macro"]
+    for key in ("solo/response_length", "drift/kl"):
+        assert macro[key] == pytest.approx((sets["tiny"][key] + sets["local"][key]) / 2)
+    assert "handoff/pass@1" not in macro
+
+
+def test_checkpoint_is_exported_and_drifts_from_its_base(tmp_path: Path) -> None:
+    model = load_causal_lm("tiny")
+    g = torch.Generator().manual_seed(0)
+    state = {}
+    for name, p in model.state_dict().items():
+        noise = torch.randn(p.shape, generator=g) * 0.2 * p.float().std().clamp(min=1e-3)
+        state[f"senior.{name}"] = p + noise if p.is_floating_point() else p
+    ckpt = tmp_path / "last.ckpt"
+    torch.save(
+        {
+            "hyper_parameters": {"model": "tiny", "dtype": "float32"},
+            "state_dict": state,
+            "callbacks": {"JuniorCallback": {"name_or_path": "tiny"}},
+        },
+        ckpt,
+    )
+    assert senior_base(str(ckpt)) == "tiny"
+    out = tmp_path / "out"
+    cfg = eval_config(
+        f"senior={ckpt}",
+        f"output_dir={out}",
+        "eval.tiny.limit=2",
+        "eval.tiny.n=2",
+        "eval.tiny.ks=[1,2]",
+        "eval.tiny.max_new_tokens=48",
+        "handoff=false",
+        *QUICK,
+    )
+    results = run(cfg)
+    assert (out / "senior" / "config.json").is_file()
+    assert results["junior"] == "tiny" and results["label"] == "last.ckpt"
+    table = results["sets"]["tiny"]
+    assert table["drift/kl"] > 1e-3
+    assert table["legibility/overlap"] < 1 - 1e-3
+    assert results["config"]["senior"] == str(ckpt)
+
+
+@pytest.mark.slow
+def test_command_line_writes_to_the_hydra_run_dir(tmp_path: Path) -> None:
+    command = [
+        sys.executable,
+        "-m",
+        "tandem.evaluate",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        "eval.tiny.limit=2",
+        "eval.tiny.n=2",
+        "eval.tiny.ks=[1,2]",
+        "eval.tiny.max_new_tokens=32",
+        *QUICK,
+    ]
+    subprocess.run(command, check=True, cwd=Path(CONF).parent, capture_output=True, timeout=300)
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["output_dir"] == str(tmp_path / "run")
+    assert (tmp_path / "run" / "generations" / "tiny.jsonl").is_file()

@@ -90,3 +90,17 @@ def test_all_problems_are_reported_at_once() -> None:
 def test_unknown_sampler_argument_is_named() -> None:
     message = _problems("+sampler.prob=0.3")
     assert "unknown argument 'prob'" in message
+
+
+def test_the_readme_sweep_composes_for_every_sampler() -> None:
+    for sampler in ("word", "token", "sentence"):
+        for p in ("0.25", "0.5", "0.75"):
+            validate_train_config(train_config(f"sampler={sampler}", f"sampler.p={p}"))
+
+
+@pytest.mark.parametrize("trainer", ["gpu", "ddp", "fsdp"])
+def test_paper_scale_configs_compose(trainer: str) -> None:
+    cfg = train_config("model=qwen3_4b", "data=deepscaler", f"trainer={trainer}", "experiment=trl")
+    validate_train_config(cfg, world_size=2 if trainer != "gpu" else 1)
+    assert cfg.model.name_or_path == "Qwen/Qwen3-4B-Instruct-2507"
+    assert cfg.data.holdout > 0

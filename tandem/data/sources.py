@@ -131,6 +131,8 @@ class HFSource:
         name: the dataset's configuration name, if it has several.
         problem_column: the column holding the problem text.
         answer_column: the column holding the gold answer.
+        holdout: for sets with only a train split: the last ``holdout`` rows of ``train``
+            become ``validation`` and are removed from ``train``, so the two never overlap.
     """
 
     def __init__(
@@ -141,21 +143,41 @@ class HFSource:
         name: str | None = None,
         problem_column: str = "problem",
         answer_column: str = "answer",
+        holdout: int = 0,
     ) -> None:
         self.path, self.name, self.data_files = path, name, data_files
         self.splits = dict(splits or {"train": "train"})
         self.problem_column, self.answer_column = problem_column, answer_column
+        self.holdout = holdout
+        if holdout < 0:
+            raise ValueError(f"holdout ({holdout}) must be >= 0 rows.")
+        if holdout and "validation" in self.splits:
+            raise ValueError(
+                f"dataset {path!r} sets both holdout ({holdout}) and a validation split "
+                f"({self.splits['validation']!r}); keep one of them."
+            )
 
     def load(self, split: str) -> tuple[datasets.Dataset, SourceReport]:
+        if self.holdout and split in ("train", "validation"):
+            ds = self._read("train")
+            if len(ds) <= self.holdout:
+                raise ValueError(
+                    f"holdout ({self.holdout}) leaves no training rows of {len(ds)}; lower it."
+                )
+            cut = len(ds) - self.holdout
+            ds = ds.select(range(cut) if split == "train" else range(cut, len(ds)))
+            return clean_rows(ds, self.problem_column, self.answer_column, split)
+        return clean_rows(self._read(split), self.problem_column, self.answer_column, split)
+
+    def _read(self, split: str) -> datasets.Dataset:
         if split not in self.splits:
             raise KeyError(
                 f"dataset {self.path!r} maps splits {self.splits}; add {split!r} under "
                 f"`splits` to use it."
             )
-        ds = datasets.load_dataset(
+        return datasets.load_dataset(
             self.path, self.name, data_files=self.data_files, split=self.splits[split]
         )
-        return clean_rows(ds, self.problem_column, self.answer_column, split)
 
 
 def _tupled(kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -53,8 +53,13 @@ def check_rollouts(rollouts: Rollouts, sampler: Any) -> None:
 
 
 def expects_junior(sampler: Any) -> bool:
-    """Whether a batch of this sampler's rollouts must hold junior tokens."""
-    if getattr(sampler, "registry_name", "solo") == "solo":
+    """Whether a batch of this sampler's rollouts must hold junior tokens.
+
+    Schedules that alternate at step or sentence ends are exempt: there the senior *can* keep
+    the junior out by never ending a step (the loophole that ablation studies), which the
+    senior-share metric shows rather than a stopped run.
+    """
+    if getattr(sampler, "solo", True) or getattr(sampler, "alternate", False):
         return False
     p = getattr(sampler, "p", None)
     return p is None or p < 1.0

@@ -25,7 +25,11 @@ class SentenceSampler(StepSampler):
     Args:
         tokenizer: the tokenizer both models share (or ``BoundaryTables``).
         first: who writes the first sentence: ``"senior"`` or ``"junior"``.
-        seed: seeds the (unused) coin, for a uniform interface.
+        alternate: strict alternation (the ablation, the default); if False, a coin draws each
+            later sentence's author with probability ``p``.
+        p: the coin's probability of the senior; unused under strict alternation, accepted so
+            that sweeps over ``sampler.p`` compose for every sampler.
+        seed: seeds the coin.
         vocab_size: the models' logits width, if wider than the tokenizer.
     """
 
@@ -36,9 +40,13 @@ class SentenceSampler(StepSampler):
         tokenizer: Any,
         *,
         first: str = "senior",
+        alternate: bool = True,
+        p: float = 0.5,
         seed: int = 0,
         vocab_size: int | None = None,
     ) -> None:
         if first not in ("senior", "junior"):
             raise ValueError(f"first ({first!r}) must be 'senior' or 'junior'.")
-        super().__init__(tokenizer, first=first, alternate=True, seed=seed, vocab_size=vocab_size)
+        super().__init__(
+            tokenizer, first=first, alternate=alternate, p=p, seed=seed, vocab_size=vocab_size
+        )

@@ -120,3 +120,17 @@ def test_arithmetic_source_maps_columns() -> None:
     ds, report = ArithmeticSource(seed=0, sizes={"train": 5, "validation": 2}).load("validation")
     assert report.kept == 2 and report.unusable == 0
     assert set(ds.column_names) >= {"problem", "answer"}
+
+
+def test_holdout_splits_a_train_only_set_without_overlap(tmp_path) -> None:
+    path = tmp_path / "train.jsonl"
+    path.write_text(
+        "\n".join(json.dumps({"problem": f"p{i}", "answer": str(i)}) for i in range(10))
+    )
+    source = HFSource("json", data_files=str(path), holdout=3)
+    train, _ = source.load("train")
+    val, _ = source.load("validation")
+    assert train["problem"] == [f"p{i}" for i in range(7)]
+    assert val["problem"] == ["p7", "p8", "p9"]
+    with pytest.raises(ValueError, match="leaves no training rows"):
+        HFSource("json", data_files=str(path), holdout=10).load("train")

@@ -55,3 +55,12 @@ def test_author_mask_that_does_not_fit_the_tokens(tokenizer) -> None:
         check_rollouts(rollouts([[SENIOR, SENIOR, SENIOR]], [2]), solo)
     with pytest.raises(AuthorMaskError, match="values \\[7\\]"):
         check_rollouts(rollouts([[SENIOR, 7, PAD]], [2]), solo)
+
+
+def test_alternating_schedules_may_starve_the_junior(tokenizer) -> None:
+    only_senior = rollouts([[SENIOR, SENIOR, SENIOR]], [3])
+    check_rollouts(only_senior, SAMPLERS.build("sentence", tokenizer=tokenizer))
+    with pytest.raises(AuthorMaskError, match="junior token"):
+        check_rollouts(
+            only_senior, SAMPLERS.build("sentence", tokenizer=tokenizer, alternate=False, p=0.5)
+        )

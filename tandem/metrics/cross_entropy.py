@@ -10,16 +10,15 @@ What this file leaves out: which tokens count (the caller's mask: the senior's t
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
-from torchmetrics import Metric
 
+from tandem.metrics.base import TokenMean
 from tandem.metrics.distributions import masked_positions
 from tandem.registry import METRICS
 
 
 @METRICS.register("junior_ce")
-class JuniorCrossEntropy(Metric):
+class JuniorCrossEntropy(TokenMean):
     """Mean negative log-likelihood per token under the junior.
 
     Example:
@@ -29,14 +28,7 @@ class JuniorCrossEntropy(Metric):
         2.0
     """
 
-    full_state_update = False
     higher_is_better = False
-    is_differentiable = False
-
-    def __init__(self, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.add_state("total", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("tokens", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
 
     def update(
         self, logprobs: Tensor, mask: Tensor | None = None, tokens: Tensor | None = None
@@ -56,9 +48,4 @@ class JuniorCrossEntropy(Metric):
             lp = picked.float().log_softmax(-1).gather(-1, ids[:, None]).squeeze(-1)  # [M]
         else:
             lp = masked_positions(logprobs, mask).float()  # [M]
-        self.total -= lp.double().sum().to(self.total.device)
-        self.tokens += lp.numel()
-
-    def compute(self) -> Tensor:
-        """Nats per token (NaN before any token)."""
-        return self.total / self.tokens
+        self.add(-lp)

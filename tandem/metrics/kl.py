@@ -9,16 +9,15 @@ senior's own outputs, ``tandem.evaluation.forcing``).
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
-from torchmetrics import Metric
 
+from tandem.metrics.base import TokenMean
 from tandem.metrics.distributions import kl_divergence, masked_positions
 from tandem.registry import METRICS
 
 
 @METRICS.register("token_kl")
-class TokenKL(Metric):
+class TokenKL(TokenMean):
     """Mean over tokens of ``KL(p || q)``, with p the senior and q the base (or junior).
 
     Example:
@@ -29,14 +28,7 @@ class TokenKL(Metric):
         0.0
     """
 
-    full_state_update = False
     higher_is_better = False
-    is_differentiable = False
-
-    def __init__(self, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.add_state("total", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("tokens", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
 
     def update(self, p_logits: Tensor, q_logits: Tensor, mask: Tensor | None = None) -> None:
         """Add the positions of ``mask``.
@@ -46,10 +38,4 @@ class TokenKL(Metric):
             q_logits: ``[N, T, V]`` the same of the base, at the same positions.
             mask: ``[N, T]`` bool, the generated tokens to count (None: all).
         """
-        kl = kl_divergence(masked_positions(p_logits, mask), masked_positions(q_logits, mask))
-        self.total += kl.double().sum().to(self.total.device)
-        self.tokens += kl.numel()
-
-    def compute(self) -> Tensor:
-        """Nats per token (NaN before any token)."""
-        return self.total / self.tokens
+        self.add(kl_divergence(masked_positions(p_logits, mask), masked_positions(q_logits, mask)))

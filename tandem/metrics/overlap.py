@@ -9,16 +9,15 @@ What this file leaves out: producing the distributions (``tandem.evaluation.forc
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
-from torchmetrics import Metric
 
+from tandem.metrics.base import TokenMean
 from tandem.metrics.distributions import masked_positions, token_overlap
 from tandem.registry import METRICS
 
 
 @METRICS.register("overlap")
-class DistributionOverlap(Metric):
+class DistributionOverlap(TokenMean):
     """Mean over tokens of ``sum_v min(p(v), q(v))``, in [0, 1].
 
     Example:
@@ -29,14 +28,7 @@ class DistributionOverlap(Metric):
         1.0
     """
 
-    full_state_update = False
     higher_is_better = True
-    is_differentiable = False
-
-    def __init__(self, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.add_state("total", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("tokens", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
 
     def update(self, p_logits: Tensor, q_logits: Tensor, mask: Tensor | None = None) -> None:
         """Add the positions of ``mask``.
@@ -46,10 +38,4 @@ class DistributionOverlap(Metric):
             q_logits: ``[N, T, V]`` the same of the junior, at the same positions.
             mask: ``[N, T]`` bool, the tokens to count (None: all).
         """
-        shared = token_overlap(masked_positions(p_logits, mask), masked_positions(q_logits, mask))
-        self.total += shared.double().sum().to(self.total.device)
-        self.tokens += shared.numel()
-
-    def compute(self) -> Tensor:
-        """Mean shared mass per token (NaN before any token)."""
-        return self.total / self.tokens
+        self.add(token_overlap(masked_positions(p_logits, mask), masked_positions(q_logits, mask)))

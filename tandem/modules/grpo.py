@@ -249,22 +249,16 @@ class TandemGRPO(L.LightningModule):
             sync_dist=True,
             batch_size=rewards.numel(),
         )
-        self.log(
-            "reward",
-            values["train/reward"],
-            prog_bar=True,
-            logger=False,
-            sync_dist=True,
-            batch_size=rewards.numel(),
-        )
-        self.log(
-            "senior",
-            team["senior_share"],
-            prog_bar=True,
-            logger=False,
-            sync_dist=True,
-            batch_size=rewards.numel(),
-        )
+        # short names for the progress bar only
+        for name, key in (("reward", "train/reward"), ("senior", "train/senior_share")):
+            self.log(
+                name,
+                values[key],
+                prog_bar=True,
+                logger=False,
+                sync_dist=True,
+                batch_size=rewards.numel(),
+            )
         every = self.hparams.rollout_log_every
         if every and self.global_rank == 0 and self.global_step % every < self.hparams.mini_batches:
             self.log_rollout_texts(

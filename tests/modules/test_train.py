@@ -95,6 +95,24 @@ def test_resume_gives_the_same_senior_as_a_straight_run(tmp_path: Path) -> None:
         assert torch.equal(a[k], b[k]), k
 
 
+def test_several_updates_per_batch_of_rollouts(tmp_path: Path) -> None:
+    run(
+        config(
+            tmp_path,
+            "trainer.max_steps=4",
+            "module.num_iterations=2",
+            "module.mini_batches=2",
+            "checkpoint_every_n_steps=100",
+        )
+    )
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
+    # one batch of rollouts fed 2 passes x 2 mini-batches = 4 optimizer steps
+    assert ckpt["global_step"] == 4
+    (row,) = [r for r in metrics_rows(tmp_path) if r.get("train/reward")]
+    # the second pass sees weights the first pass moved: the mean ratio leaves 1
+    assert float(row["train/ratio_mean"]) != 1.0
+
+
 @pytest.mark.parametrize("sampler", ["solo", "sentence"])
 def test_other_samplers_train(tmp_path: Path, sampler: str) -> None:
     run(config(tmp_path, "trainer.max_steps=1", f"sampler={sampler}"))

@@ -1,7 +1,7 @@
-"""The shared shape of the per-token metrics: a sum and a count, reduced by summing.
+"""The shared shape of the mean metrics: a sum and a count, reduced by summing.
 
-Averaging over tokens (not rollouts) weighs long responses by their length, as the paper's
-per-token numbers do. Subclasses turn their inputs into one value per counted token.
+The per-token metrics add one value per token, so long responses weigh by their length, as
+the paper's per-token numbers do; per-rollout ones (handoffs) add one value per rollout.
 What this file leaves out: what each metric measures (one file each).
 """
 
@@ -13,7 +13,7 @@ from torchmetrics import Metric
 
 
 class TokenMean(Metric):
-    """Mean over every token added with ``add``; NaN before any token."""
+    """Mean of every value added with ``add`` (one per token, or per rollout); NaN before any."""
 
     full_state_update = False
     is_differentiable = False
@@ -21,12 +21,12 @@ class TokenMean(Metric):
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         self.add_state("total", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("tokens", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("count", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
 
     def add(self, values: Tensor) -> None:
-        """Count ``values``, one per token."""
+        """Count ``values``, one per token (or per rollout)."""
         self.total += values.double().sum().to(self.total.device)
-        self.tokens += values.numel()
+        self.count += values.numel()
 
     def compute(self) -> Tensor:
-        return self.total / self.tokens
+        return self.total / self.count

@@ -11,16 +11,22 @@ Lightning's ``log(sync_dist=True)``).
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
-from torchmetrics import Metric
 
+from tandem.metrics.base import TokenMean
 from tandem.registry import METRICS
 from tandem.samplers.base import PAD, SENIOR
 
 
+def handoff_counts(authors: Tensor) -> Tensor:
+    """``[N]`` author changes between adjacent real tokens of each row of ``authors [N, T]``."""
+    real = authors != PAD  # [N, T]
+    changes = (authors[:, 1:] != authors[:, :-1]) & real[:, 1:] & real[:, :-1]  # [N, T-1]
+    return changes.sum(1)
+
+
 @METRICS.register("senior_share")
-class SeniorShare(Metric):
+class SeniorShare(TokenMean):
     """Fraction of all real tokens that the senior wrote.
 
     Example:
@@ -30,25 +36,13 @@ class SeniorShare(Metric):
         0.4286
     """
 
-    full_state_update = False
-    is_differentiable = False
-
-    def __init__(self, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.add_state("senior", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("tokens", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
-
     def update(self, authors: Tensor) -> None:
         """Add rollouts: ``authors [N, T]``."""
-        self.senior += (authors == SENIOR).sum().to(self.senior)
-        self.tokens += (authors != PAD).sum().to(self.tokens)
-
-    def compute(self) -> Tensor:
-        return self.senior / self.tokens
+        self.add((authors[authors != PAD] == SENIOR).float())
 
 
 @METRICS.register("handoffs")
-class HandoffsPerRollout(Metric):
+class HandoffsPerRollout(TokenMean):
     """Mean number of author changes per rollout.
 
     Example:
@@ -58,20 +52,6 @@ class HandoffsPerRollout(Metric):
         2.0
     """
 
-    full_state_update = False
-    is_differentiable = False
-
-    def __init__(self, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.add_state("handoffs", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("rollouts", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
-
     def update(self, authors: Tensor) -> None:
         """Add rollouts: ``authors [N, T]``."""
-        real = authors != PAD  # [N, T]
-        changes = (authors[:, 1:] != authors[:, :-1]) & real[:, 1:] & real[:, :-1]  # [N, T-1]
-        self.handoffs += changes.sum().to(self.handoffs)
-        self.rollouts += authors.shape[0]
-
-    def compute(self) -> Tensor:
-        return self.handoffs / self.rollouts
+        self.add(handoff_counts(authors).float())

@@ -11,6 +11,7 @@ from typing import Any
 from torch import Tensor
 
 from tandem.engine import JUNIOR, SENIOR, Rollouts, StopReason
+from tandem.metrics.team import handoff_counts
 
 
 def team_stats(rollouts: Rollouts, rewards: Tensor) -> dict[str, Tensor]:
@@ -20,11 +21,10 @@ def team_stats(rollouts: Rollouts, rewards: Tensor) -> dict[str, Tensor]:
     senior = (authors == SENIOR).sum(1).float()  # [N]
     length = real.sum(1).float().clamp(min=1)  # [N]
     share = senior / length  # [N]
-    changes = (authors[:, 1:] != authors[:, :-1]) & real[:, 1:] & real[:, :-1]  # [N, T-1]
     mostly_senior = share >= 0.5
     out = {
         "senior_share": senior.sum() / real.sum().clamp(min=1),
-        "handoffs_per_rollout": changes.sum(1).float().mean(),
+        "handoffs_per_rollout": handoff_counts(authors).float().mean(),
         "response_length": real.sum(1).float().mean(),
         "truncated": (rollouts.stop_reasons.cpu() == StopReason.LENGTH).float().mean(),
     }

@@ -203,13 +203,14 @@ class Evaluator:
             mask = chunk.mask & (rollouts.authors.cpu()[chunk.rows, :t] == SENIOR)  # [n, T]
             metrics["drift/kl"].update(s, j, mask)
             metrics["legibility/overlap"].update(s, j, mask)
-            metrics["legibility/junior_ce"].update(j, mask, tokens=chunk.tokens)
             tokens = chunk.tokens.to(j.device)[..., None]
             values = {
                 "kl": kl_divergence(s, j),
                 "overlap": token_overlap(s, j),
                 "junior_logprobs": j.float().log_softmax(-1).gather(-1, tokens).squeeze(-1),
             }
+            # the [n, T] log-probs just computed: no second log-softmax over the vocabulary
+            metrics["legibility/junior_ce"].update(values["junior_logprobs"], mask.to(j.device))
             for k, v in values.items():
                 per_token[k][chunk.rows, :t] = torch.where(mask, v.cpu(), 0.0)
         return per_token

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 
 import datasets
 
+from tandem.rewards.extract import extract_boxed
+
 OPERATIONS = ("add", "sub", "mul", "div")
 
 NAMES = (
@@ -410,10 +412,7 @@ def answer_is_correct(response: str, answer: str) -> bool:
     """The task's own exact check: the last ``\\boxed{...}`` holds exactly the integer answer.
 
     Enough for the task's integer answers (the model build measures accuracy with it); general
-    answers go through ``tandem.rewards``.
+    answers go through ``tandem.rewards``, whose strict extraction this shares.
     """
-    start = response.rfind("\\boxed{")
-    if start < 0:
-        return False
-    end = response.find("}", start)
-    return end > 0 and response[start + len("\\boxed{") : end].strip() == answer
+    content = extract_boxed(response)
+    return content is not None and content.strip() == answer

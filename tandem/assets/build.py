@@ -3,7 +3,8 @@
 Steps, all deterministic from ``--seed`` on this machine's CPU with a fixed thread count:
 1. generate the arithmetic task (``tandem.data.arithmetic``);
 2. train the byte-level BPE tokenizer on the train split (``tandem.assets.tokenizer``);
-3. fine-tune a tiny ``Qwen3ForCausalLM`` from random init on the worked solutions, loss on the
+3. fine-tune a tiny ``Qwen3ForCausalLM`` from random init on the worked solutions, mixed with
+   hasty guesses (the answer with no working) at a rate that grows with the problem, loss on the
    response only, with a warmup + cosine schedule that runs to its end;
 4. measure greedy and temperature-1 accuracy on held-out test problems;
 5. write one Hugging Face folder (model, tokenizer, generation config, ``build_info.json``).
@@ -18,6 +19,7 @@ What this file leaves out: the RL itself, and the vocabulary boundary tables (``
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import platform
@@ -33,7 +35,12 @@ from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
 from tandem.assets import TINY_WORLD
 from tandem.assets.tokenizer import IM_END, PAD, train_tokenizer
-from tandem.data.arithmetic import answer_is_correct, make_splits
+from tandem.data.arithmetic import (
+    answer_is_correct,
+    hasty_solution,
+    make_splits,
+    operation_count,
+)
 from tandem.data.prompts import format_prompt, user_message
 
 # The recipe of the committed model. Changing any of these changes the model.
@@ -51,6 +58,16 @@ RECIPE = {
     "lr": 3e-3,
     "warmup_steps": 50,
     "weight_decay": 0.1,
+    # stage 2, a habit: a short fine-tune on answers of which a share are hasty guesses with no
+    # working (``hasty_solution``): ``hasty_share`` of the problems with at least
+    # ``hasty_min_ops`` operations, ``hasty_share_short`` of the shorter ones. The base then
+    # guesses on long problems, which it mostly gets wrong, though it can work them out: the
+    # choice RL with a verifiable reward is known to teach (0 steps: no stage 2)
+    "hasty_steps": 200,
+    "hasty_lr": 1e-3,
+    "hasty_share": 0.5,
+    "hasty_share_short": 0.0,
+    "hasty_min_ops": 3,
     "eval_problems": 500,
     # matmul reduction order depends on the thread count; fix it so rebuilds match bit for bit
     "threads": 2,
@@ -86,10 +103,22 @@ def make_model(tokenizer, recipe: dict) -> Qwen3ForCausalLM:
     return Qwen3ForCausalLM(config)
 
 
-def encode_examples(tokenizer, rows) -> list[tuple[list[int], list[int]]]:
+def training_answers(rows, recipe: dict) -> list[str]:
+    """The fine-tuning answer of each row: its worked solution, or a hasty guess at the recipe's
+    rate for its length (drawn from the recipe's seed, apart from the task's own randomness)."""
+    rng = random.Random(f"hasty-{recipe['seed']}")
+    answers = []
+    for row in rows:
+        long = operation_count(row) >= recipe["hasty_min_ops"]
+        share = recipe["hasty_share"] if long else recipe["hasty_share_short"]
+        answers.append(hasty_solution(row) if rng.random() < share else row["solution"])
+    return answers
+
+
+def encode_examples(tokenizer, rows, answers: list[str]) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, response ids) per row, tokenized apart as generation will see them."""
     prompts = [format_prompt(tokenizer, p) for p in rows["prompt"]]
-    responses = [s + IM_END for s in rows["solution"]]
+    responses = [s + IM_END for s in answers]
     p_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
     r_ids = tokenizer(responses, add_special_tokens=False)["input_ids"]
     return list(zip(p_ids, r_ids, strict=True))
@@ -194,8 +223,12 @@ def accuracy(
     return correct / len(rows)
 
 
-def build(out: Path, recipe: dict) -> dict:
-    """Build the tiny world into ``out`` (replaced atomically) and return its build info."""
+def build(out: Path, recipe: dict, stage1: Path | None = None) -> dict:
+    """Build the tiny world into ``out`` (replaced atomically) and return its build info.
+
+    ``stage1``: a folder holding the first stage's model (the worked-solutions fine-tune of this
+    recipe, e.g. from an earlier build's ``stage1/``), to run only the second stage.
+    """
     torch.set_num_threads(recipe["threads"])
     torch.manual_seed(recipe["seed"])
     t0 = time.perf_counter()
@@ -205,7 +238,7 @@ def build(out: Path, recipe: dict) -> dict:
     model = make_model(tokenizer, recipe)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model: {n_params / 1e6:.2f}M parameters")
-    examples = encode_examples(tokenizer, splits["train"])
+    rows = splits["train"]
     test = splits["test"].select(range(recipe["eval_problems"]))
     probe_rows = splits["validation"].select(range(200))
 
@@ -213,7 +246,24 @@ def build(out: Path, recipe: dict) -> dict:
         acc = accuracy(model, tokenizer, probe_rows)
         tqdm.write(f"step {step}: greedy accuracy {acc:.3f} on 200 validation problems")
 
-    stats = train(model, examples, tokenizer.pad_token_id, recipe, probe)
+    stats: dict = {}
+    if stage1 is None:
+        worked = encode_examples(tokenizer, rows, list(rows["solution"]))
+        stats["stage1"] = train(model, worked, tokenizer.pad_token_id, recipe, probe)
+    else:
+        model.load_state_dict(Qwen3ForCausalLM.from_pretrained(stage1).state_dict())
+        stats["stage1"] = {"from": str(stage1)}
+    stage1_model = copy.deepcopy(model)
+    stats["stage1"]["greedy_accuracy"] = accuracy(model, tokenizer, test)
+    if recipe["hasty_steps"]:
+        habit = {
+            **recipe,
+            "steps": recipe["hasty_steps"],
+            "lr": recipe["hasty_lr"],
+            "warmup_steps": min(recipe["warmup_steps"], recipe["hasty_steps"]),
+        }
+        mixed = encode_examples(tokenizer, rows, training_answers(rows, recipe))
+        stats["stage2"] = train(model, mixed, tokenizer.pad_token_id, habit, probe)
     info = {
         "recipe": recipe,
         "parameters": n_params,
@@ -241,6 +291,9 @@ def build(out: Path, recipe: dict) -> dict:
         staged = Path(tmp) / "staged"
         model.save_pretrained(staged)
         tokenizer.save_pretrained(staged)
+        # the first stage's model too, so that a change to the second stage can start from it
+        stage1_model.generation_config = model.generation_config
+        stage1_model.save_pretrained(staged / "stage1")
         (staged / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
         if out.exists():
             shutil.rmtree(out)
@@ -251,11 +304,17 @@ def build(out: Path, recipe: dict) -> dict:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=TINY_WORLD, help="output folder")
+    parser.add_argument(
+        "--stage1",
+        type=Path,
+        default=None,
+        help="start from this first-stage model (e.g. tandem/assets/tiny/stage1): stage 2 only",
+    )
     for key, value in RECIPE.items():
         parser.add_argument(f"--{key.replace('_', '-')}", type=type(value), default=value)
     args = vars(parser.parse_args(argv))
-    out = args.pop("out")
-    info = build(out, args)
+    out, stage1 = args.pop("out"), args.pop("stage1")
+    info = build(out, args, stage1)
     print(json.dumps({k: v for k, v in info.items() if k != "recipe"}, indent=2))
     print(f"wrote {out}")
 

@@ -273,6 +273,9 @@ SOLUTION_END = (
     "Therefore, the answer is \\boxed{{{r}}}.",
 )
 SYMBOL = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+# A guess with no working: some of the base model's fine-tuning answers take this form, so that
+# the base knows a careful and a hasty way to answer and RL has a real choice to learn.
+HASTY_SOLUTION = "Guessing quickly, the answer is \\boxed{{{r}}}."
 
 
 @dataclass(frozen=True)
@@ -335,6 +338,16 @@ def make_problem(rng: random.Random, difficulty: Difficulty) -> dict[str, str]:
         "solution": "\n\n".join(steps),
         "expression": expression,
     }
+
+
+def operation_count(row: dict[str, str]) -> int:
+    """How many operations follow the start quantity in ``row`` (from its expression)."""
+    return row["expression"].count("(")
+
+
+def hasty_solution(row: dict[str, str]) -> str:
+    """The right answer with no working shown: what a guessing solver writes."""
+    return HASTY_SOLUTION.format(r=row["answer"])
 
 
 def _pick_operation(rng: random.Random, d: Difficulty, value: int, top: int) -> tuple[str, int]:

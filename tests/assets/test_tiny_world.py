@@ -114,27 +114,73 @@ def test_build_info_records_the_recipe_and_accuracy() -> None:
         k: v for k, v in RECIPE.items() if k != "probe_every"
     }
     assert info["eval_problems"] >= 500
-    assert 0.45 <= info["greedy_accuracy"] <= 0.70
+    # stage 1 solves about half; the guessing habit of stage 2 costs it most long problems
+    assert 0.45 <= info["stage1"]["greedy_accuracy"] <= 0.70
+    assert 0.25 <= info["greedy_accuracy"] <= 0.45
+    assert info["greedy_accuracy"] < info["stage1"]["greedy_accuracy"] - 0.1
 
 
 def test_base_accuracy_in_range_on_100_test_problems(model, tokenizer, splits) -> None:
     torch.set_num_threads(2)
     acc = accuracy(model, tokenizer, splits["test"].select(range(100)))
-    # the build measured 45-70% on 500 problems; 100 problems carry about 5 points of noise
-    assert 0.35 <= acc <= 0.80, acc
+    # the build measured 25-45% on 500 problems; 100 problems carry about 5 points of noise
+    assert 0.15 <= acc <= 0.55, acc
 
 
 @pytest.mark.slow
 def test_base_accuracy_in_range_on_500_test_problems(model, tokenizer, splits) -> None:
     acc = accuracy(model, tokenizer, splits["test"].select(range(500)))
-    assert 0.45 <= acc <= 0.70, acc
+    assert 0.25 <= acc <= 0.45, acc
 
 
 def test_build_is_deterministic(tmp_path) -> None:
     from tandem.assets.build import build
 
-    recipe = {**RECIPE, "steps": 3, "warmup_steps": 1, "eval_problems": 4}
+    recipe = {**RECIPE, "steps": 3, "hasty_steps": 2, "warmup_steps": 1, "eval_problems": 4}
     build(tmp_path / "a", recipe)
     build(tmp_path / "b", recipe)
-    for name in ("model.safetensors", "tokenizer.json", "config.json"):
+    for name in ("model.safetensors", "tokenizer.json", "config.json", "stage1/model.safetensors"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+    # the second stage changes the model; starting from a saved first stage gives the same end
+    stage1 = (tmp_path / "a" / "stage1" / "model.safetensors").read_bytes()
+    assert (tmp_path / "a" / "model.safetensors").read_bytes() != stage1
+    build(tmp_path / "c", recipe, stage1=tmp_path / "a" / "stage1")
+    model = (tmp_path / "c" / "model.safetensors").read_bytes()
+    assert model == (tmp_path / "a" / "model.safetensors").read_bytes()
+
+
+def test_fine_tuning_mixes_hasty_guesses_by_problem_length(splits) -> None:
+    from tandem.assets.build import training_answers
+    from tandem.data.arithmetic import answer_is_correct, operation_count
+
+    rows = splits["train"].select(range(4000))
+    answers = training_answers(rows, RECIPE)
+    assert answers == training_answers(rows, RECIPE), "the mix is drawn from the recipe's seed"
+    hasty = {True: [], False: []}
+    for row, text in zip(rows, answers, strict=True):
+        assert answer_is_correct(text, row["answer"])
+        long = operation_count(row) >= RECIPE["hasty_min_ops"]
+        hasty[long].append(text != row["solution"])
+        if text != row["solution"]:
+            assert "\n\n" not in text  # a guess shows no working
+    for long, share in ((True, RECIPE["hasty_share"]), (False, RECIPE["hasty_share_short"])):
+        observed = sum(hasty[long]) / len(hasty[long])
+        assert abs(observed - share) < 0.04, (long, observed, share)
+
+
+def test_the_base_guesses_long_problems_and_works_out_short_ones(model, tokenizer, splits) -> None:
+    from tandem.data.arithmetic import operation_count
+
+    rows = splits["test"].select(range(60))
+    tokenizer.padding_side = "left"
+    prompts = [format_prompt(tokenizer, p) for p in rows["prompt"]]
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    with torch.no_grad():
+        out = model.generate(**enc, max_new_tokens=8, do_sample=False)
+    starts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+    guessed = {True: [], False: []}
+    for row, start in zip(rows, starts, strict=True):
+        long = operation_count(row) >= RECIPE["hasty_min_ops"]
+        guessed[long].append(start.startswith("Guessing"))
+    assert sum(guessed[True]) / len(guessed[True]) > 0.8
+    assert sum(guessed[False]) / len(guessed[False]) < 0.1

@@ -16,7 +16,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from tandem.modules.loss import ADVANTAGE_MODES, LossConfig
 from tandem.modules.models import check_model_path
-from tandem.registry import REWARDS, SAMPLERS, Registry, RegistryError, check_arguments
+from tandem.registry import (
+    BACKENDS,
+    REWARDS,
+    SAMPLERS,
+    Registry,
+    RegistryError,
+    check_arguments,
+)
 
 MONITORS = ("val/tandem/accuracy", "val/solo/accuracy")
 
@@ -39,6 +46,11 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
     _check_batch(problems, c, world_size)
     _check_generation(problems, c.get("generation") or {})
     _check_module(problems, c.get("module") or {})
+    backend = (c.get("module") or {}).get("backend")
+    if backend is not None:
+        check_component(
+            problems, "module.backend", backend, BACKENDS, skip=("senior", "junior", "tokenizer")
+        )
     for key in ("name_or_path", "junior_name_or_path"):
         value = (c.get("model") or {}).get(key)
         if value is not None:

@@ -24,6 +24,7 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from tandem.engine import build_backend
 from tandem.evaluation.config import validate_eval_config
 from tandem.evaluation.models import load_pair
 from tandem.evaluation.records import RecordWriter
@@ -70,6 +71,9 @@ def _run(cfg: DictConfig) -> dict[str, Any]:
         drift=cfg.drift,
         writer=writer,
         progress=cfg.progress,
+        backend=build_backend(
+            c.get("backend", "torch"), pair.senior, pair.junior, pair.tokenizer, seed=cfg.seed
+        ),
     )
     tables, reports = {}, {}
     try:

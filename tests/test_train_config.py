@@ -104,3 +104,11 @@ def test_paper_scale_configs_compose(trainer: str) -> None:
     validate_train_config(cfg, world_size=2 if trainer != "gpu" else 1)
     assert cfg.model.name_or_path == "Qwen/Qwen3-4B-Instruct-2507"
     assert cfg.data.holdout > 0
+
+
+def test_rollout_backend_is_checked_before_anything_loads() -> None:
+    validate_train_config(train_config("module.backend.name=vllm", "+module.backend.sync_every=2"))
+    problems = _problems("module.backend.name=sglang")
+    assert "module.backend.name" in problems and "vllm" in problems
+    problems = _problems("+module.backend.sync_evry=2")
+    assert "sync_evry" in problems

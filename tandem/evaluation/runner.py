@@ -25,7 +25,7 @@ from torch import Tensor
 from torchmetrics import MeanMetric, Metric
 from tqdm.auto import tqdm
 
-from tandem.engine import SENIOR, Rollouts, StopReason, generate
+from tandem.engine import SENIOR, Rollouts, StopReason, TorchBackend
 from tandem.evaluation.forcing import forced_chunks
 from tandem.evaluation.records import RecordWriter, build_records
 from tandem.evaluation.sets import EvalSet, Problems, load_problems
@@ -60,6 +60,7 @@ class Evaluator:
         solo, handoff, drift: which passes run (drift needs solo).
         writer: where records go (None: nowhere).
         progress: show a progress bar over problems x samples.
+        backend: what samples (``tandem.engine.build_backend``); None: the torch engine.
     """
 
     def __init__(
@@ -78,6 +79,7 @@ class Evaluator:
         drift: bool = True,
         writer: RecordWriter | None = None,
         progress: bool = True,
+        backend: Any = None,
     ) -> None:
         assert solo or not drift, "drift is measured on the solo outputs: set solo=true"
         self.senior, self.junior, self.tokenizer, self.reward = senior, junior, tokenizer, reward
@@ -86,6 +88,7 @@ class Evaluator:
         self.seed, self.writer, self.progress = seed, writer, progress
         self.modes = [m for m, on in zip(MODES, (solo, handoff), strict=True) if on]
         self.drift = drift
+        self.backend = backend if backend is not None else TorchBackend(senior, junior, tokenizer)
 
     def run(self, eval_set: EvalSet) -> tuple[dict[str, float], Problems]:
         """Every pass on one set: its table (metric -> value) and the problems it used."""
@@ -99,7 +102,6 @@ class Evaluator:
         """One sampling pass (``solo`` or ``handoff``) over the problems: its metrics."""
         metrics = self.metrics(eval_set, mode)
         sampler = self.build_sampler(mode)
-        junior = None if mode == "solo" else self.junior
         n = eval_set.n
         per_call = max(1, self.batch_size // n)
         bar = tqdm(
@@ -112,9 +114,7 @@ class Evaluator:
             idx = list(range(lo, min(lo + per_call, len(problems))))
             params = eval_set.params(self.seed + 10_007 * b + MODES.index(mode))
             prompts = [problems.prompt_ids[i] for i in idx]
-            rollouts = generate(
-                self.senior, junior, prompts, sampler, params, tokenizer=self.tokenizer
-            )
+            rollouts = self.backend.generate(prompts, sampler, params, junior=mode != "solo")
             golds = [problems.answers[i] for i in idx for _ in range(n)]
             verdicts = self.verify(rollouts.texts, golds)
             scores = torch.tensor([v.score for v in verdicts])  # [B*n]

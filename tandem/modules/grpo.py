@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from tandem.data.datamodule import PromptBatch
-from tandem.engine import JUNIOR, SENIOR, Rollouts, SamplingParams, StopReason, generate
+from tandem.engine import JUNIOR, SENIOR, Rollouts, SamplingParams, StopReason, build_backend
 from tandem.modules.checks import check_rollouts
 from tandem.modules.logprobs import sequence_logprobs
 from tandem.modules.loss import LossConfig, group_advantages, grpo_loss, zero_variance_groups
@@ -61,6 +61,8 @@ class TandemGRPO(L.LightningModule):
         val_sampler: sampler of the tandem validation pass (None: the training one).
         val_temperature: temperature of validation sampling (0: greedy).
         rollouts_to_log, rollout_log_every: rollout texts logged every so many steps.
+        backend: what samples rollouts: ``name`` (``torch``, ``vllm``) plus its arguments
+            (``tandem.engine.vllm_backend.VLLMBackend``, e.g. ``sync_every``); None: torch.
     """
 
     def __init__(
@@ -86,6 +88,7 @@ class TandemGRPO(L.LightningModule):
         val_temperature: float = 0.0,
         rollouts_to_log: int = 2,
         rollout_log_every: int = 10,
+        backend: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -99,6 +102,8 @@ class TandemGRPO(L.LightningModule):
         self.val_sampler = SAMPLERS.build(val["name"], tokenizer=self.tokenizer, **_args(val))
         self.solo_sampler = SAMPLERS.build("solo", tokenizer=self.tokenizer)
         self.reward = REWARDS.build(reward["name"], **_args(reward))
+        self.backend = None  # built at the first rollout, once the junior is lent
+        self.weights_lag = 0  # optimizer steps the sampled weights are behind the senior
 
     # -- model ---------------------------------------------------------------------------------
     def configure_model(self) -> None:
@@ -145,10 +150,15 @@ class TandemGRPO(L.LightningModule):
         )
         # coins too are a function of (seed, step, rank): a resumed run redraws the same ones
         sampler.generator.manual_seed(seed)
-        junior = None if sampler.solo else self.junior
-        return generate(
-            self.senior, junior, batch.prompt_ids, sampler, params, tokenizer=self.tokenizer
-        )
+        if self.backend is None:
+            spec = dict(self.hparams.backend or {"name": "torch"})
+            name = spec.pop("name")
+            self.backend = build_backend(name, self.senior, self.junior, self.tokenizer, **spec)
+        # new senior weights go into the backend (every sync_every steps for vLLM): the lag is
+        # logged with every batch, so a stale engine shows
+        self.backend.sync(self.senior, self.global_step)
+        self.weights_lag = self.global_step - self.backend.weights_step
+        return self.backend.generate(batch.prompt_ids, sampler, params, junior=not sampler.solo)
 
     def step_seed(self, index: int, stream: int) -> int:
         """A seed from (run seed, batch index, rank, stream): resume replays the same samples."""
@@ -240,6 +250,7 @@ class TandemGRPO(L.LightningModule):
             **{f"train/{k}": v for k, v in team.items()},
             **{f"train/{k}": v for k, v in stats.items()},
             "train/lr": torch.tensor(self.optimizers().param_groups[0]["lr"]),
+            "train/weights_lag": torch.tensor(float(self.weights_lag)),
             **{f"time/{k}": torch.tensor(v) for k, v in seconds.items()},
             "time/step": torch.tensor(total),
             "time/tokens_per_second": rollouts.mask.sum() / max(total, 1e-9),

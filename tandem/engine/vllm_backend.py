@@ -1,0 +1,443 @@
+"""The vLLM backend: solo sampling at scale, and tandem generation through two vLLM engines.
+
+Solo: one request per rollout row (``samples_per_prompt`` rows share their prompt's prefix
+cache), the raw log-prob of each sampled token from vLLM (``logprobs_mode="raw_logprobs"``: the
+model's own log-softmax at temperature 1, before temperature, top-k/top-p and logits
+processors; the torch engine records the same quantity).
+
+Tandem: a senior engine and a junior engine over the same context, in turns
+(``tandem.engine.turns``): each turn is one request to its author's engine that stops where the
+author loses a coin (a logits processor replays the sampler and forces a stop token; the backend
+replays the same turn and cuts the output there), and the next turn is a request to the other
+engine with the shared context as its prompt, which prefix caching makes cheap to re-read.
+The first token of a turn that opened on a lost word onset is restricted to word onsets by the
+same processor, as the torch engine's redraw is. Each token's log-prob under the model that did
+not write it comes from one teacher-forced pass (``prompt_logprobs``) per engine at the end.
+
+Weights: ``load_weights`` puts the senior's new weights into the running engine in-process
+(``LLM.collective_rpc("reload_weights", weights_iterator=...)``, then ``reset_prefix_cache`` so
+that no KV computed under the old weights is reused) and records the step they come from in
+``weights_step``, which ``generate`` logs with every batch. This needs the engine in this
+process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (set here unless the environment says otherwise).
+
+What this file leaves out: tensor/pipeline parallel engines and FSDP-sharded seniors (the
+weights must arrive whole); samplers other than solo, word, token, step and sentence.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from tandem.engine.backend import Weights
+from tandem.engine.base import JUNIOR, PAD, SENIOR, Rollouts, SamplingParams, StopReason
+from tandem.engine.turns import Schedule, Turn, TurnTables
+from tandem.registry import BACKENDS
+from tandem.samplers.base import Sampler
+
+log = logging.getLogger(__name__)
+
+# Tables the logits processor reads, by key (the processor lives in this process).
+_TABLES: dict[int, TurnTables] = {}
+_KEY = "tandem_turn"
+
+
+def _turn_processor() -> type:
+    """The vLLM logits processor class (built on first use: vLLM is imported lazily)."""
+    from vllm.v1.sample.logits_processor import LogitsProcessor, MoveDirectionality
+
+    class TurnProcessor(LogitsProcessor):
+        """Replays each turn request's ``Turn``; restricts its first token to word onsets when
+        the turn says so, and forces the stop token once the author has lost its coin."""
+
+        def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
+            self.rows: dict[int, _Replay] = {}
+
+        def is_argmax_invariant(self) -> bool:
+            return False  # it restricts and stops, so it must run for greedy requests too
+
+        def update_state(self, batch_update: Any) -> None:
+            if batch_update is None:
+                return
+            for i in batch_update.removed:
+                self.rows.pop(i, None)
+            for i, params, _, output in batch_update.added:
+                spec = (params.extra_args or {}).get(_KEY)
+                self.rows.pop(i, None)
+                if spec is not None:
+                    self.rows[i] = _Replay(Turn(**spec["turn"]), spec["tables"], spec["stop"])
+                    self.rows[i].output = output
+            for a, b, how in batch_update.moved:
+                ra, rb = self.rows.pop(a, None), self.rows.pop(b, None)
+                if ra is not None:
+                    self.rows[b] = ra
+                if how == MoveDirectionality.SWAP and rb is not None:
+                    self.rows[a] = rb
+
+        def apply(self, logits: Tensor) -> Tensor:
+            for i, row in self.rows.items():
+                mask = row.advance()
+                if mask is not None:
+                    logits[i].masked_fill_(~mask.to(logits.device), float("-inf"))
+            return logits
+
+    return TurnProcessor
+
+
+@dataclass
+class _Replay:
+    """A turn request inside the engine: feeds the author's tokens to its ``Turn`` as they come."""
+
+    turn: Turn
+    key: int
+    stop: int
+    output: list[int] = field(default_factory=list)
+    fed: int = 0
+    ended: bool = False
+    decided: int = -1  # the position whose ``before()`` has run (prefill steps repeat a position)
+
+    def advance(self) -> Tensor | None:
+        """The tokens allowed next (``None``: all), after reading the tokens written so far."""
+        tables = _TABLES[self.key]
+        while not self.ended and self.fed < len(self.output):
+            self.ended = not self.turn.feed(self.output[self.fed], tables)
+            self.fed += 1
+        if not self.ended and self.decided < self.fed:
+            self.decided = self.fed
+            self.ended = self.turn.before()
+        if self.ended:
+            only = torch.zeros(len(tables.onset), dtype=torch.bool)
+            only[self.stop] = True
+            return only
+        if self.turn.restrict and self.fed == 0:
+            return tables.allowed_after(self.turn.prev)
+        return None
+
+
+@dataclass
+class _Row:
+    """One rollout in the making."""
+
+    context: list[int]  # prompt + response so far
+    prompt_length: int
+    author: int = SENIOR
+    turn: Turn | None = None
+    tokens: list[int] = field(default_factory=list)
+    authors: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)  # the author's
+    requests: int = 0
+    stop: int | None = None
+
+
+@BACKENDS.register("vllm")
+class VLLMBackend:
+    """Senior (and junior) vLLM engines in this process.
+
+    Args:
+        senior: the senior's model folder (or hub name, or ``tiny``).
+        junior: the junior's; ``None`` for solo only; the senior's folder shares its engine
+            until the first ``load_weights``.
+        tokenizer: decodes ``Rollouts.texts`` and supplies the pad id.
+        dtype: the engines' dtype (float32 to match the torch engine's log-probs).
+        seed: the engines' seed (each request also gets its own seed from ``params.seed``).
+        max_model_len: the longest prompt + response (None: the model's own limit).
+        kv_cache_gib: KV cache per engine on CPU (``VLLM_CPU_KVCACHE_SPACE``).
+        sync_every: ``sync`` loads the senior's weights every this many optimizer steps.
+        engine_args: more ``vllm.LLM`` arguments (e.g. ``gpu_memory_utilization``).
+    """
+
+    def __init__(
+        self,
+        senior: str,
+        junior: str | None = None,
+        tokenizer: Any = None,
+        *,
+        dtype: str = "float32",
+        seed: int = 0,
+        max_model_len: int | None = None,
+        kv_cache_gib: float = 1.0,
+        sync_every: int = 1,
+        engine_args: dict[str, Any] | None = None,
+    ) -> None:
+        from tandem.modules.models import load_tokenizer, resolve
+
+        if sync_every < 1:
+            raise ValueError(f"sync_every ({sync_every}) must be >= 1 optimizer step.")
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_gib))))
+        if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":
+            raise RuntimeError(
+                "VLLM_ENABLE_V1_MULTIPROCESSING is not 0: the backend loads new weights into the "
+                "engine in-process and its logits processor reads tables from this process. "
+                "Unset it or set it to 0."
+            )
+        self.paths = (resolve(senior), None if junior is None else resolve(junior))
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(self.paths[0])
+        self.sync_every, self.weights_step = sync_every, -1
+        self.args = dict(
+            dtype=dtype,
+            seed=seed,
+            max_model_len=max_model_len,
+            enable_prefix_caching=True,
+            logits_processors=[_turn_processor()],
+            # no chunked prefill: a seeded request whose prompt is split has its sample
+            # discarded, and vLLM 0.32 then rewinds its generator, which CPU generators refuse
+            **({"enforce_eager": True, "enable_chunked_prefill": False} | (engine_args or {})),
+        )
+        self.senior = self._engine(self.paths[0])
+        same = self.paths[1] == self.paths[0]
+        self.junior = self.senior if same else self._engine(self.paths[1]) if junior else None
+        self.vocab = self.senior.llm_engine.model_config.get_vocab_size()
+        self.eos = _eos_ids(self.paths[0])
+
+    @classmethod
+    def from_models(cls, senior: Any, junior: Any | None, tokenizer: Any, **options: Any):
+        """Engines for Hugging Face models, from the folders they were loaded from."""
+        paths = [None if m is None else getattr(m, "name_or_path", None) for m in (senior, junior)]
+        if not paths[0] or (junior is not None and not paths[1]):
+            raise ValueError(
+                "the vLLM backend starts its engines from model folders, but a model has no "
+                "name_or_path. Load it with from_pretrained, or use backend=torch."
+            )
+        return cls(paths[0], paths[1], tokenizer, **options)
+
+    def _engine(self, path: str) -> Any:
+        from vllm import LLM
+
+        return LLM(model=path, **self.args)
+
+    # -- weights -----------------------------------------------------------------------------
+    def load_weights(self, weights: Weights, step: int) -> None:
+        """Load the senior's new weights (HF names) into the running senior engine."""
+        if self.junior is self.senior:  # the junior stays at the starting weights
+            self.junior = self._engine(self.paths[1])
+        items = weights.items() if hasattr(weights, "items") else weights
+        stream = ((name, t.detach()) for name, t in items)
+        self.senior.collective_rpc(
+            "reload_weights", kwargs={"weights_iterator": stream, "is_checkpoint_format": True}
+        )
+        self.senior.reset_prefix_cache()  # cached KV was computed by the old weights
+        self.weights_step = step
+
+    def sync(self, senior: Any, step: int) -> None:
+        """Load ``senior``'s weights when ``sync_every`` steps have passed (or never loaded)."""
+        if self.weights_step < 0 or step - self.weights_step >= self.sync_every:
+            self.load_weights(senior.state_dict(), step)
+
+    # -- generation --------------------------------------------------------------------------
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]] | Sequence[Tensor],
+        sampler: Sampler | None = None,
+        params: SamplingParams | None = None,
+        *,
+        junior: bool | None = None,
+    ) -> Rollouts:
+        """Rollouts as the torch engine's ``generate`` gives them (see ``tandem.engine.base``).
+
+        Args:
+            prompts: prompt token ids, one sequence per prompt.
+            sampler: who authors; ``None`` or solo: the senior alone.
+            params: sampling parameters.
+            junior: whether the junior's log-probs are recorded (None: when it writes).
+        """
+        params = params if params is not None else SamplingParams()
+        solo = sampler is None or getattr(sampler, "solo", False)
+        reads = junior if junior is not None else not solo
+        if (reads or not solo) and self.junior is None:
+            raise ValueError(
+                f"{sampler!r} needs the junior, but this backend was built without one. "
+                "Pass junior=<its folder>, or use the solo sampler."
+            )
+        eos = params.eos_token_ids if params.eos_token_ids is not None else self.eos
+        g = params.samples_per_prompt
+        rows = [_Row(list(map(int, p)), len(p)) for p in _token_lists(prompts) for _ in range(g)]
+        log.info(
+            "vllm: %d rows, senior weights of step %d%s",
+            len(rows),
+            self.weights_step,
+            "" if solo else f", tandem with {sampler!r}",
+        )
+        if solo:
+            self._solo(rows, params, eos)
+        else:
+            self._tandem(rows, sampler, params, eos)
+        junior_lps = self._forced(self.junior, rows, JUNIOR) if reads else None
+        senior_lps = self._forced(self.senior, rows, SENIOR) if not solo else None
+        return self._rollouts(rows, len(rows) // g, g, eos, senior_lps, junior_lps)
+
+    def _request(self, row: _Row, index: int, params: SamplingParams, eos, extra=None) -> Any:
+        from vllm import SamplingParams as VSamplingParams
+
+        row.requests += 1
+        return VSamplingParams(
+            n=1,
+            max_tokens=params.max_new_tokens - len(row.tokens),
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k,
+            seed=_mix(params.seed, index, row.requests),
+            logprobs=0,
+            stop_token_ids=list(eos) + ([extra["stop"]] if extra else []),
+            ignore_eos=True,  # the stop ids above are the only EOS, as in the torch engine
+            detokenize=False,
+            extra_args=None if extra is None else {_KEY: extra},
+        )
+
+    def _run(self, engine: Any, rows: list[_Row], sampling: list[Any]) -> list[Any]:
+        prompts = [{"prompt_token_ids": r.context} for r in rows]
+        return [o.outputs[0] for o in engine.generate(prompts, sampling, use_tqdm=False)]
+
+    def _solo(self, rows: list[_Row], params: SamplingParams, eos: tuple[int, ...]) -> None:
+        sampling = [self._request(r, i, params, eos) for i, r in enumerate(rows)]
+        for row, out in zip(rows, self._run(self.senior, rows, sampling), strict=True):
+            for token, lp in zip(out.token_ids, _sampled(out), strict=True):
+                if self._emit(row, token, lp, SENIOR, params, eos):
+                    break
+
+    def _tandem(self, rows: list[_Row], sampler: Sampler, params: SamplingParams, eos) -> None:
+        schedule = Schedule(sampler)
+        key = id(sampler)
+        tables = sampler.tables.padded(max(self.vocab, sampler.tables.size))
+        _TABLES[key] = TurnTables(tables)
+        stop = eos[0] if eos else int(self.tokenizer.pad_token_id or 0)
+        for row in rows:
+            row.author = schedule.first_author()
+            row.turn = schedule.turn(row.author, row.context[-1])
+        try:
+            live = list(enumerate(rows))
+            while live:
+                for code, engine in ((SENIOR, self.senior), (JUNIOR, self.junior)):
+                    mine = [(i, r) for i, r in live if r.author == code and r.stop is None]
+                    if not mine:
+                        continue
+                    extra = [{"turn": r.turn.state(), "tables": key, "stop": stop} for _, r in mine]
+                    sampling = [
+                        self._request(r, i, params, eos, x)
+                        for (i, r), x in zip(mine, extra, strict=True)
+                    ]
+                    outs = self._run(engine, [r for _, r in mine], sampling)
+                    for (_, row), out in zip(mine, outs, strict=True):
+                        self._turn(row, out, schedule, params, eos)
+                live = [(i, r) for i, r in live if r.stop is None]
+        finally:
+            _TABLES.pop(key, None)
+
+    def _turn(self, row: _Row, out: Any, schedule: Schedule, params, eos) -> None:
+        """Replay the turn over the author's output: keep its tokens up to the lost coin."""
+        tables, turn = _TABLES[id(schedule.sampler)], row.turn
+        for token, lp in zip(out.token_ids, _sampled(out), strict=True):
+            if turn.before():
+                restrict = False
+            elif not turn.feed(token, tables):
+                restrict = True
+            else:
+                if self._emit(row, token, lp, row.author, params, eos):
+                    return
+                continue
+            row.author = SENIOR + JUNIOR - row.author
+            row.turn = schedule.turn(row.author, row.context[-1], restrict)
+            return
+        # the request stopped with the turn still on (a natural stop id): the author goes on
+
+    def _emit(self, row: _Row, token: int, lp: float, author: int, params, eos) -> bool:
+        """Append one token; True when the row is finished."""
+        row.tokens.append(token)
+        row.authors.append(author)
+        row.logprobs.append(lp)
+        row.context.append(token)
+        if token in eos:
+            row.stop = StopReason.EOS
+        elif len(row.tokens) >= params.max_new_tokens:
+            row.stop = StopReason.LENGTH
+        return row.stop is not None
+
+    def _forced(self, engine: Any, rows: list[_Row], code: int) -> list[list[float]]:
+        """Each response token's raw log-prob under ``engine``'s model (teacher-forced where
+        another model wrote it, the sampled value where this one did)."""
+        from vllm import SamplingParams as VSamplingParams
+
+        todo = [i for i, r in enumerate(rows) if any(a != code for a in r.authors)]
+        out = [list(r.logprobs) for r in rows]
+        if todo:
+            sampling = VSamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
+            prompts = [{"prompt_token_ids": rows[i].context} for i in todo]
+            for i, o in zip(todo, engine.generate(prompts, sampling, use_tqdm=False), strict=True):
+                row, forced = rows[i], o.prompt_logprobs
+                for t, (token, a) in enumerate(zip(row.tokens, row.authors, strict=True)):
+                    if a != code:
+                        out[i][t] = forced[row.prompt_length + t][token].logprob
+        return out
+
+    def _rollouts(self, rows, b, g, eos, senior_lps, junior_lps) -> Rollouts:
+        n, t = len(rows), max(len(r.tokens) for r in rows)
+        pad = self.tokenizer.pad_token_id
+        pad = int(pad) if pad is not None else (eos[0] if eos else 0)
+        tokens = torch.full((n, t), pad, dtype=torch.long)  # [N, T]
+        authors = torch.full((n, t), PAD, dtype=torch.long)  # [N, T]
+        lps = {k: torch.zeros(n, t) for k in ("senior", "junior")}  # [N, T] each
+        for i, r in enumerate(rows):
+            k = len(r.tokens)
+            tokens[i, :k] = torch.tensor(r.tokens)
+            authors[i, :k] = torch.tensor(r.authors)
+            lps["senior"][i, :k] = torch.tensor(r.logprobs if senior_lps is None else senior_lps[i])
+            if junior_lps is not None:
+                lps["junior"][i, :k] = torch.tensor(junior_lps[i])
+        width = max(r.prompt_length for r in rows)
+        prompt_tokens = torch.full((n, width), pad, dtype=torch.long)  # [N, P]
+        for i, r in enumerate(rows):
+            prompt_tokens[i, width - r.prompt_length :] = torch.tensor(r.context[: r.prompt_length])
+        lengths = torch.tensor([len(r.tokens) for r in rows])  # [N]
+        texts = self.tokenizer.batch_decode([r.tokens for r in rows], skip_special_tokens=True)
+        return Rollouts(
+            tokens=tokens,
+            authors=authors,
+            senior_logprobs=lps["senior"],
+            junior_logprobs=lps["junior"] if junior_lps is not None else None,
+            lengths=lengths,
+            stop_reasons=torch.tensor([int(r.stop) for r in rows]),
+            prompt_tokens=prompt_tokens,
+            prompt_lengths=torch.tensor([r.prompt_length for r in rows]),
+            prompt_index=torch.arange(b).repeat_interleave(g),
+            pad_token_id=pad,
+            texts=texts,
+        )
+
+
+def _sampled(out: Any) -> list[float]:
+    """The raw log-prob of each sampled token of a completion."""
+    return [d[t].logprob for t, d in zip(out.token_ids, out.logprobs, strict=True)]
+
+
+def _token_lists(prompts: Sequence[Sequence[int]] | Sequence[Tensor]) -> list[list[int]]:
+    lists = [torch.as_tensor(p).flatten().tolist() for p in prompts]
+    if not lists or any(len(p) == 0 for p in lists):
+        raise ValueError("prompts must be a non-empty list of non-empty token id sequences.")
+    return lists
+
+
+def _mix(seed: int, row: int, request: int) -> int:
+    """A request's seed from (params.seed, row, request count): reruns repeat it."""
+    return (seed * 1_000_003 + row * 7_919 + request * 104_729) % (2**31 - 1)
+
+
+def _eos_ids(path: str) -> tuple[int, ...]:
+    """The EOS ids a model folder names (generation config first, as the torch engine)."""
+    from transformers import AutoConfig, GenerationConfig
+
+    sources = []
+    if Path(path, "generation_config.json").is_file():
+        sources.append(GenerationConfig.from_pretrained(path))
+    sources.append(AutoConfig.from_pretrained(path))
+    for source in sources:
+        eos = getattr(source, "eos_token_id", None)
+        if eos is not None:
+            return (eos,) if isinstance(eos, int) else tuple(eos)
+    return ()

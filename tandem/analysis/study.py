@@ -1,0 +1,435 @@
+"""The paper's four claims, measured on finished training runs: ``python -m tandem.analysis.study``.
+
+Reads every finished run under a sweep folder (``multirun/tiny_world`` by default, as written by
+``python -m tandem.train --config-name reproduce``), evaluates each run's exported senior and
+the base once with ``tandem.evaluate`` (skipping evaluations already on disk, so an interrupted
+study resumes), runs the displacement analysis per seed, and writes a Markdown page with one
+table per claim: each arm's mean and 95% t-interval over seeds, the paper's figure beside it,
+and a sentence on whether the direction reproduces.
+
+The claims (Tandem RL, ``trl``, against vanilla GRPO, ``grpo``, and GRPO with a KL penalty
+toward the junior, ``kl_reg``):
+
+1. solo accuracy on par with GRPO;
+2. better accuracy when the senior hands off to the junior under the reasoning-step schedule;
+3. lower drift from the base (KL per token), and most of the tokens GRPO displaced most pulled
+   back toward the base;
+4. higher legibility to the junior (lower junior cross-entropy, higher overlap).
+
+A run is finished when its exported senior (``<run>/senior/config.json``) exists; the exported
+senior is the last step's. Every figure on the page comes from the runs it names.
+
+What this file leaves out: training (``tandem.train``) and the metrics (``tandem.evaluation``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+log = logging.getLogger(__name__)
+
+ARMS = ("grpo", "trl", "kl_reg")
+# the eval sets of the study: the claims are measured on the first (sampled, pass@k); the
+# second, greedy, is the accuracy a training run is judged by
+CLAIM_SET, GREEDY_SET = "tiny", "tiny_greedy"
+EVAL_SETS = f"eval=[{CLAIM_SET},{GREEDY_SET}]"
+CONF = Path(__file__).resolve().parents[2] / "conf"
+# what the paper reports (Tandem RL vs GRPO); None where it states a direction, not a figure
+PAPER = {
+    "drift/kl": {"trl": 0.022, "grpo": 0.026},
+    "legibility/junior_ce": {"trl": 0.122, "grpo": 0.132},
+    "legibility/overlap": {"trl": 0.973, "grpo": 0.960},
+    "pulled_back": {"trl": 0.87},
+}
+
+
+@dataclass(frozen=True)
+class Run:
+    """A finished training run: its folder, arm (``experiment_name``), seed and config."""
+
+    path: Path
+    arm: str
+    seed: int
+    steps: int
+
+    @property
+    def senior(self) -> Path:
+        return self.path / "senior"
+
+
+def find_runs(root: str | Path) -> tuple[list[Run], list[Path]]:
+    """Finished runs under ``root`` (sorted by arm, seed) and the folders of unfinished ones."""
+    runs, unfinished = [], []
+    for config in sorted(Path(root).rglob(".hydra/config.yaml")):
+        folder = config.parent.parent
+        cfg = OmegaConf.load(config)
+        if "experiment_name" not in cfg or "seed" not in cfg:
+            continue  # not a training run (an evaluation's own folder, say)
+        if not (folder / "senior" / "config.json").is_file():
+            unfinished.append(folder)
+            continue
+        steps = int(OmegaConf.select(cfg, "trainer.max_steps", default=-1))
+        runs.append(Run(folder, str(cfg.experiment_name), int(cfg.seed), steps))
+    runs.sort(key=lambda r: (r.arm, r.seed, str(r.path)))
+    return runs, unfinished
+
+
+def evaluate(senior: str, out: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """``tandem.evaluate`` of ``senior`` into ``out``; reuses a finished ``results.json``.
+
+    The evaluation writes to ``<out>.partial`` and is renamed to ``out`` only when whole, so a
+    killed study leaves no half-written results behind.
+    """
+    done = out / "results.json"
+    if done.is_file():
+        return json.loads(done.read_text())
+    if out.exists():
+        raise FileExistsError(f"{out} exists without results.json: remove it and rerun.")
+    from hydra import compose, initialize_config_dir
+
+    from tandem.evaluate import run as run_evaluation
+
+    staging = out.with_name(out.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = compose(
+            "evaluate",
+            overrides=[f"senior={senior}", f"output_dir={staging}", "aim=false", *overrides],
+        )
+    started = time.perf_counter()
+    run_evaluation(cfg)
+    staging.rename(out)
+    log.info("evaluated %s in %.0f s", senior, time.perf_counter() - started)
+    return json.loads(done.read_text())
+
+
+def t_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
+    """Mean and the two ends of the Student-t interval of the mean (NaN ends for one value)."""
+    from scipy import stats
+
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, math.nan, math.nan
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = stats.t.ppf(0.5 + level / 2, n - 1) * sd / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+def difference_interval(
+    a: Sequence[float], b: Sequence[float], level: float = 0.95
+) -> tuple[float, float, float]:
+    """Mean of ``a`` minus mean of ``b`` with Welch's t-interval."""
+    from scipy import stats
+
+    if len(a) < 2 or len(b) < 2:
+        diff = sum(a) / len(a) - sum(b) / len(b)
+        return diff, math.nan, math.nan
+    result = stats.ttest_ind(a, b, equal_var=False)
+    ci = result.confidence_interval(level)
+    return sum(a) / len(a) - sum(b) / len(b), float(ci.low), float(ci.high)
+
+
+def displacement_for_seed(
+    base: str, grpo: Run, other: Run, texts: Path, top: int = 500
+) -> dict[str, float]:
+    """Pulled-back share and Spearman correlations of ``other`` against ``grpo`` on ``texts``
+    (the GRPO senior's own solo outputs)."""
+    from tandem.analysis.displacement import displacement_on_records
+    from tandem.evaluation.records import read_records
+    from tandem.modules.models import load_causal_lm
+
+    records = [r for r in read_records(texts) if r["mode"] == "solo"]
+    models = [load_causal_lm(str(p)).eval() for p in (base, grpo.senior, other.senior)]
+    result = displacement_on_records(records, *models, top=top)
+    return {
+        "pulled_back": result.pulled_back,
+        "spearman_top": result.spearman_top,
+        "spearman_all": result.spearman_all,
+    }
+
+
+def collect(
+    root: Path, overrides: Sequence[str] = (), base: str = "tiny"
+) -> tuple[dict[str, dict[str, list[float]]], dict[str, Any], list[Run]]:
+    """Evaluate everything needed; returns ``values[arm][metric] -> per-seed list``, the base's
+    table and the runs used."""
+    runs, unfinished = find_runs(root)
+    for folder in unfinished:
+        log.warning("skipping %s: not finished (no exported senior yet)", folder)
+    if not runs:
+        raise FileNotFoundError(
+            f"no finished training run under {root}: run python -m tandem.train "
+            "--config-name reproduce first (or pass the folder of your sweep)."
+        )
+    overrides = [EVAL_SETS, *overrides]
+    base_results = evaluate(base, root / "eval_base", overrides)
+    values: dict[str, dict[str, list[float]]] = {}
+    for run in runs:
+        results = evaluate(str(run.senior), run.path / "eval", overrides)
+        arm = values.setdefault(run.arm, {})
+        for key, value in flatten(results).items():
+            arm.setdefault(key, []).append(value)
+    by_seed = {(r.arm, r.seed): r for r in runs}
+    for (arm, seed), run in sorted(by_seed.items()):
+        grpo = by_seed.get(("grpo", seed))
+        if arm == "grpo" or grpo is None:
+            continue
+        cache = run.path / "eval" / "displacement.json"
+        if cache.is_file():
+            found = json.loads(cache.read_text())
+        else:
+            texts = grpo.path / "eval" / "generations" / f"{CLAIM_SET}.jsonl"
+            found = displacement_for_seed(base, grpo, run, texts)
+            cache.write_text(json.dumps(found, indent=2) + "\n")
+        for key, value in found.items():
+            values.setdefault(arm, {}).setdefault(key, []).append(value)
+    return values, flatten(base_results), runs
+
+
+def flatten(results: dict[str, Any]) -> dict[str, float]:
+    """``results.json`` as one table: the claim set's metrics by name, the greedy set's under
+    ``greedy/``."""
+    out = {k: float(v) for k, v in results["sets"].get(CLAIM_SET, {}).items()}
+    for key, value in results["sets"].get(GREEDY_SET, {}).items():
+        out[f"greedy/{key}"] = float(value)
+    return out
+
+
+# -- the page ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Claim:
+    """One of the paper's claims: its metrics, which way is better, and how to judge it."""
+
+    title: str
+    paper: str
+    metrics: tuple[str, ...]
+    # True: the paper claims no difference; False: that Tandem RL is better
+    on_par: bool
+
+
+CLAIMS = (
+    Claim(
+        "1. Solo accuracy on par with GRPO",
+        "Tandem RL's solo pass@k matches GRPO's on AMC, AIME and Minerva.",
+        ("solo/pass@1", "solo/pass@8"),
+        True,
+    ),
+    Claim(
+        "2. Better accuracy when handing off to the junior (reasoning-step schedule)",
+        "Paired with the junior under the step schedule, Tandem RL's senior scores higher "
+        "than GRPO's.",
+        ("handoff/pass@1", "handoff/pass@8"),
+        False,
+    ),
+    Claim(
+        "3. Lower drift from the base",
+        "KL(senior || base) per token 0.022 (Tandem RL) vs 0.026 (GRPO); 87% of the 500 tokens "
+        "GRPO displaced most move back toward the base.",
+        ("drift/kl", "pulled_back"),
+        False,
+    ),
+    Claim(
+        "4. Higher legibility to the junior",
+        "Junior cross-entropy 0.122 vs 0.132 nats per token; overlap 0.973 vs 0.960.",
+        ("legibility/junior_ce", "legibility/overlap"),
+        False,
+    ),
+)
+# metrics where higher is better (for the others, lower is)
+HIGHER_IS_BETTER = {
+    "solo/pass@1",
+    "solo/pass@8",
+    "handoff/pass@1",
+    "handoff/pass@8",
+    "legibility/overlap",
+    "pulled_back",
+}
+
+
+def _fmt(x: float, digits: int = 3) -> str:
+    return "n/a" if x is None or math.isnan(x) else f"{x:.{digits}f}"
+
+
+def _cell(values: Sequence[float] | None) -> str:
+    if not values:
+        return "n/a"
+    mean, lo, hi = t_interval(values)
+    if math.isnan(lo):
+        return f"{_fmt(mean)} (n={len(values)})"
+    return f"{_fmt(mean)} [{_fmt(lo)}, {_fmt(hi)}]"
+
+
+def verdict(claim: Claim, metric: str, trl: Sequence[float], grpo: Sequence[float]) -> str:
+    """A plain sentence: does the paper's direction show, and is the interval clear of zero."""
+    if metric == "pulled_back":
+        if not trl:
+            return "Not measured: no seed has both a GRPO and a Tandem RL run."
+        mean, lo, _ = t_interval(trl)
+        what = f"{mean:.0%} of GRPO's most displaced tokens sit closer to the base under Tandem RL"
+        if mean <= 0.5:
+            return f"Does not reproduce: {what}."
+        sure = "the interval lies above 50%" if lo > 0.5 else "the interval reaches 50%"
+        return f"Reproduces in direction: {what} ({sure})."
+    if not trl or not grpo:
+        return "Not measured: an arm has no finished runs."
+    diff, lo, hi = difference_interval(trl, grpo)
+    interval = f"Tandem RL minus GRPO {diff:+.3f}"
+    if not math.isnan(lo):
+        interval += f", 95% interval [{lo:+.3f}, {hi:+.3f}]"
+    clear = not math.isnan(lo) and (lo > 0 or hi < 0)
+    if claim.on_par:
+        if clear:
+            return f"Does not reproduce: the arms differ ({interval})."
+        return f"Reproduces: the seeds cannot tell the arms apart ({interval})."
+    better = diff > 0 if metric in HIGHER_IS_BETTER else diff < 0
+    if not better:
+        return f"Does not reproduce: the difference goes the other way ({interval})."
+    if clear:
+        return f"Reproduces: the paper's direction, with an interval clear of zero ({interval})."
+    return f"Direction reproduces, but the interval includes zero ({interval})."
+
+
+def render(
+    values: dict[str, dict[str, list[float]]],
+    base: dict[str, Any],
+    runs: list[Run],
+    root: Path,
+    command: str,
+) -> str:
+    """The Markdown page."""
+    arms = [a for a in ARMS if a in values] + sorted(set(values) - set(ARMS))
+    seeds = {a: sorted(r.seed for r in runs if r.arm == a) for a in arms}
+    steps = sorted({r.steps for r in runs})
+    commit = _git("rev-parse", "--short", "HEAD")
+    dirty = (
+        " (with uncommitted changes)"
+        if _git("status", "--porcelain", "--untracked-files=no")
+        else ""
+    )
+    lines = [
+        "# The paper's claims on the tiny world",
+        "",
+        f"Generated by `{command}` from {len(runs)} finished runs under `{root}` "
+        f"({', '.join(f'{a}: seeds {seeds[a]}' for a in arms)}; {steps} optimizer steps each), "
+        f"at commit `{commit}`{dirty}. Do not edit by hand: rerun the command.",
+        "",
+        "Each cell is the mean over seeds with its 95% Student-t interval in brackets. The "
+        "evaluation is `python -m tandem.evaluate` with `conf/eval/tiny.yaml` (held-out test "
+        "problems, temperature 1, 8 samples each) on each run's last senior; drift and "
+        "legibility are measured on the senior's own solo outputs against the base "
+        "(the junior). Verdicts compare Tandem RL (`trl`) with GRPO (`grpo`) by Welch's "
+        "t-interval of the difference.",
+        "",
+    ]
+    lines += training_section(values, base, arms)
+    for claim in CLAIMS:
+        lines += [f"## {claim.title}", "", f"Paper: {claim.paper}", ""]
+        header = ["metric", "base", *arms, "paper (trl / grpo)"]
+        lines += ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+        for metric in claim.metrics:
+            paper = PAPER.get(metric, {})
+            paper_cell = (
+                " / ".join(_fmt(paper[a]) if a in paper else "-" for a in ("trl", "grpo"))
+                if paper
+                else "direction only"
+            )
+            base_cell = _fmt(base.get(metric, math.nan)) if metric in base else "-"
+            cells = [_cell(values.get(a, {}).get(metric)) for a in arms]
+            lines.append("| " + " | ".join([f"`{metric}`", base_cell, *cells, paper_cell]) + " |")
+        lines.append("")
+        for metric in claim.metrics:
+            trl = values.get("trl", {}).get(metric, [])
+            grpo = values.get("grpo", {}).get(metric, [])
+            lines.append(f"- `{metric}`: {verdict(claim, metric, trl, grpo)}")
+        lines.append("")
+    lines += [
+        "## Runs",
+        "",
+        "| arm | seed | folder |",
+        "| --- | --- | --- |",
+        *[f"| {r.arm} | {r.seed} | `{r.path}` |" for r in runs],
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def training_section(
+    values: dict[str, dict[str, list[float]]], base: dict[str, float], arms: list[str]
+) -> list[str]:
+    """What training did: greedy accuracy on the held-out problems, alone and handing off."""
+    keys = ("greedy/solo/pass@1", "greedy/handoff/pass@1")
+    lines = [
+        "## What training did",
+        "",
+        "Greedy accuracy on the held-out test problems (`conf/eval/tiny_greedy.yaml`), the "
+        "senior alone and handing off to the junior under the step schedule.",
+        "",
+        "| metric | base | " + " | ".join(arms) + " |",
+        "|" + " --- |" * (len(arms) + 2),
+    ]
+    for key in keys:
+        cells = [_cell(values.get(a, {}).get(key)) for a in arms]
+        lines.append(f"| `{key}` | {_fmt(base.get(key, math.nan))} | " + " | ".join(cells) + " |")
+    lines.append("")
+    for arm in arms:
+        got = values.get(arm, {}).get(keys[0])
+        if not got or keys[0] not in base:
+            continue
+        mean, lo, hi = t_interval([v - base[keys[0]] for v in got])
+        interval = "" if math.isnan(lo) else f", 95% interval [{lo:+.1%}, {hi:+.1%}]"
+        seeds = f"{len(got)} seeds{interval}"
+        lines.append(f"- `{arm}`: solo greedy accuracy {mean:+.1%} over the base ({seeds}).")
+    return [*lines, ""]
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(
+            ["git", *args], capture_output=True, text=True, check=True, cwd=CONF.parent
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main(argv: list[str] | None = None) -> Path:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "runs", nargs="?", type=Path, default=Path("multirun/tiny_world"), help="sweep folder"
+    )
+    parser.add_argument("--out", type=Path, default=Path("docs/results/tiny_world.md"))
+    parser.add_argument("--base", default="tiny", help="the base the runs started from")
+    parser.add_argument(
+        "--eval",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a tandem.evaluate override, e.g. --eval eval.tiny.limit=100 (repeatable)",
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    values, base, runs = collect(args.runs, args.eval, args.base)
+    command = " ".join(
+        ["python -m tandem.analysis.study", *(sys.argv[1:] if argv is None else argv)]
+    )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(render(values, base, runs, args.runs, command))
+    print(f"wrote {args.out}")
+    return args.out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+"""The study: finding finished runs, evaluating them once, the displacement per seed, the
+intervals and verdicts, and the page, end to end on tiny stand-in runs."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from tandem.analysis import study
+from tandem.analysis.study import CLAIMS, collect, find_runs, render, t_interval, verdict
+from tandem.modules.models import load_causal_lm, load_tokenizer
+
+CONF = str(Path(__file__).resolve().parents[2] / "conf")
+EVAL = [
+    "eval.tiny.limit=4",
+    "eval.tiny.n=2",
+    "eval.tiny.ks=[1,2]",
+    "eval.tiny.max_new_tokens=48",
+    "eval.tiny_greedy.limit=4",
+    "eval.tiny_greedy.max_new_tokens=48",
+    "threads=1",
+    "progress=false",
+]
+
+
+def fake_run(root: Path, arm: str, seed: int, scale: float | None, direction: dict) -> Path:
+    """A run folder as the reproduce sweep leaves it; its senior is the base moved by
+    ``scale`` x ``direction`` (None: unfinished, no exported senior)."""
+    folder = root / f"{arm}-seed{seed}"
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        cfg = compose("train", overrides=[f"experiment={arm}", f"seed={seed}", "output_dir=x"])
+    (folder / ".hydra").mkdir(parents=True)
+    OmegaConf.save(cfg, folder / ".hydra" / "config.yaml")
+    if scale is not None:
+        model = load_causal_lm("tiny")
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                p.add_(scale * direction[name])
+        model.save_pretrained(folder / "senior")
+        load_tokenizer("tiny").save_pretrained(folder / "senior")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("study")
+    gen = torch.Generator().manual_seed(0)
+    base = load_causal_lm("tiny")
+    direction = {n: 0.05 * torch.randn(p.shape, generator=gen) for n, p in base.named_parameters()}
+    # GRPO moves the base along a direction; "Tandem RL" moves half as far along the same one,
+    # so every item GRPO displaced is closer to the base under it
+    fake_run(root, "grpo", 0, 1.0, direction)
+    fake_run(root, "trl", 0, 0.5, direction)
+    fake_run(root, "kl_reg", 0, None, direction)
+    return root
+
+
+def test_find_runs_keeps_finished_runs_only(runs: Path) -> None:
+    found, unfinished = find_runs(runs)
+    assert [(r.arm, r.seed) for r in found] == [("grpo", 0), ("trl", 0)]
+    assert [p.name for p in unfinished] == ["kl_reg-seed0"]
+    assert found[0].steps == 60  # conf/trainer/cpu.yaml
+
+
+def test_collect_evaluates_once_and_measures_displacement(runs: Path) -> None:
+    values, base, found = collect(runs, EVAL)
+    assert (runs / "eval_base" / "results.json").is_file()
+    assert base["drift/kl"] == pytest.approx(0.0, abs=1e-6), "the base against itself"
+    for arm in ("grpo", "trl"):
+        assert len(values[arm]["solo/pass@1"]) == 1
+        assert 0.0 <= values[arm]["handoff/pass@2"][0] <= 1.0
+    # the farther senior drifts more from the base, and its displaced items come back under trl
+    assert values["grpo"]["drift/kl"][0] > values["trl"]["drift/kl"][0] > 0.0
+    assert values["trl"]["pulled_back"][0] > 0.9
+    assert "pulled_back" not in values["grpo"]
+    results = runs / "trl-seed0" / "eval" / "results.json"
+    stamp = results.stat().st_mtime_ns
+    again, _, _ = collect(runs, EVAL)
+    assert results.stat().st_mtime_ns == stamp, "a finished evaluation is reused, not redone"
+    assert again == values
+    page = render(values, base, found, runs, "python -m tandem.analysis.study")
+    for claim in CLAIMS:
+        assert claim.title in page
+    assert "| `drift/kl` | 0.000 |" in page
+    assert "| `greedy/solo/pass@1` |" in page
+    assert "0.022 / 0.026" in page
+
+
+def test_an_interrupted_evaluation_is_redone_whole(tmp_path: Path, monkeypatch) -> None:
+    calls = []
+
+    def fake_run_evaluation(cfg):
+        out = Path(cfg.output_dir)
+        assert out.name.endswith(".partial")
+        out.mkdir(parents=True, exist_ok=True)
+        calls.append(out)
+        if len(calls) == 1:
+            raise KeyboardInterrupt  # killed mid-way: nothing under the final name
+        (out / "results.json").write_text('{"macro": {"solo/pass@1": 0.5}}')
+
+    import tandem.evaluate
+
+    monkeypatch.setattr(tandem.evaluate, "run", fake_run_evaluation)
+    with pytest.raises(KeyboardInterrupt):
+        study.evaluate("tiny", tmp_path / "eval")
+    assert not (tmp_path / "eval").exists()
+    assert study.evaluate("tiny", tmp_path / "eval")["macro"]["solo/pass@1"] == 0.5
+    assert not (tmp_path / "eval.partial").exists()
+
+
+def test_t_interval_matches_the_textbook() -> None:
+    mean, lo, hi = t_interval([1.0, 2.0, 3.0])
+    # sd 1, n 3: half-width t(0.975, 2) / sqrt(3) = 4.3027 / 1.7321
+    assert mean == 2.0 and hi - mean == pytest.approx(2.4841, abs=1e-4) and lo < mean
+    assert math.isnan(t_interval([0.5])[1])
+
+
+def test_verdicts_follow_the_claims_direction() -> None:
+    on_par, handoff, drift, legibility = CLAIMS
+    assert verdict(on_par, "solo/pass@1", [0.5, 0.52, 0.51], [0.5, 0.51, 0.52]).startswith(
+        "Reproduces"
+    )
+    assert verdict(on_par, "solo/pass@1", [0.9, 0.91, 0.9], [0.5, 0.51, 0.5]).startswith(
+        "Does not reproduce"
+    )
+    assert verdict(handoff, "handoff/pass@1", [0.6, 0.61, 0.62], [0.5, 0.5, 0.51]).startswith(
+        "Reproduces: the paper's direction"
+    )
+    assert verdict(drift, "drift/kl", [0.03, 0.031, 0.03], [0.02, 0.021, 0.02]).startswith(
+        "Does not reproduce"
+    )
+    assert verdict(
+        legibility, "legibility/overlap", [0.92, 0.95, 0.85], [0.85, 0.9, 0.95]
+    ).startswith("Direction reproduces, but")
+    assert verdict(drift, "pulled_back", [0.3, 0.4, 0.35], []).startswith("Does not reproduce")
+    assert verdict(drift, "pulled_back", [0.9, 0.92, 0.88], []).startswith("Reproduces")

@@ -12,11 +12,18 @@ prefill included) of:
 and the ratios ``solo_vs_hf`` and ``tandem_vs_solo``. Models: the tiny world's, and a Qwen3-shaped
 random model with Qwen3's full 151,936-wide vocabulary and a small hidden size (boundary tables
 from the real Qwen3 tokenizer), where sampling over the vocabulary costs as much as the forward.
-Every row runs to the full length (no EOS), so all three do the same work.
+Every row runs to the full length (no EOS; ``generate`` is given an empty EOS list, as ``None``
+would fall back to the model's own EOS ids), so all three do the same work, and each run checks
+that it wrote ``batch * new_tokens`` tokens.
+
+The three take turns for R rounds (hf, solo, tandem, hf, ...); each rate is the median over the
+rounds and each ratio the median of the rounds' ratios, so that a busy spell on a shared machine
+slows a whole round rather than one method; ``settings`` records the load average before and
+after.
 
 Usage: ``python benchmarks/rollout.py [--quick] [--threads N] [--repeats R]`` (one thread unless
-told otherwise; each rate is the best of R runs). What this file leaves out:
-GPUs (it runs wherever the models are put: CPU here) and vLLM.
+told otherwise). What this file leaves out: GPUs (it runs wherever the models are put: CPU here)
+and vLLM.
 """
 
 from __future__ import annotations
@@ -24,7 +31,9 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import platform
+import statistics
 import time
 from typing import Any
 
@@ -73,7 +82,7 @@ def hf_generate(model: Any, prompts: list[list[int]], new_tokens: int, pad: int)
         top_k=0,
         top_p=1.0,
         max_new_tokens=new_tokens,
-        eos_token_id=None,
+        eos_token_id=[],
         pad_token_id=pad,
     )
     with torch.inference_mode():
@@ -89,17 +98,24 @@ def ours(model: Any, junior: Any, prompts: list[list[int]], new_tokens: int, tab
     return int(r.lengths.sum())
 
 
-def timed(fn: Any, repeats: int) -> float:
-    """Best tokens per second over ``repeats`` runs (the machine is shared; noise only slows)."""
-    best = 0.0
+def rounds(runs: dict[str, Any], expected: int, repeats: int) -> dict[str, list[float]]:
+    """Tokens per second of each run in each of ``repeats`` rounds, the runs taking turns.
+
+    Taking turns puts the runs of a round under about the same load, so that a busy spell on a
+    shared machine slows a whole round rather than one method's runs.
+    """
+    rates: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(repeats):
-        start = time.perf_counter()
-        tokens = fn()
-        best = max(best, tokens / (time.perf_counter() - start))
-    return best
+        for name, fn in runs.items():
+            start = time.perf_counter()
+            tokens = fn()
+            seconds = time.perf_counter() - start
+            assert tokens == expected, f"{name} wrote {tokens} tokens, not {expected}: unequal work"
+            rates[name].append(tokens / seconds)
+    return rates
 
 
-def measure(model: Any, tok: Any, batch: int, new_tokens: int, repeats: int) -> dict[str, float]:
+def measure(model: Any, tok: Any, batch: int, new_tokens: int, repeats: int) -> dict[str, Any]:
     prompts = prompts_for(tok, batch)
     pad = tok.pad_token_id
     # Boundary tables are built once per vocabulary, as a training run does.
@@ -107,15 +123,19 @@ def measure(model: Any, tok: Any, batch: int, new_tokens: int, repeats: int) -> 
     # Warm-up on a small batch: first calls pay for allocations and lazy initialisation.
     hf_generate(model, prompts[:2], 4, pad)
     ours(model, model, prompts[:2], 4, tables)
-    rates = {
-        "hf_generate_tok_s": timed(lambda: hf_generate(model, prompts, new_tokens, pad), repeats),
-        "solo_tok_s": timed(lambda: ours(model, None, prompts, new_tokens, tables), repeats),
-        "tandem_tok_s": timed(lambda: ours(model, model, prompts, new_tokens, tables), repeats),
+    runs = {
+        "hf_generate": lambda: hf_generate(model, prompts, new_tokens, pad),
+        "solo": lambda: ours(model, None, prompts, new_tokens, tables),
+        "tandem": lambda: ours(model, model, prompts, new_tokens, tables),
     }
-    rates = {k: round(v, 1) for k, v in rates.items()}
-    rates["solo_vs_hf"] = round(rates["solo_tok_s"] / rates["hf_generate_tok_s"], 3)
-    rates["tandem_vs_solo"] = round(rates["tandem_tok_s"] / rates["solo_tok_s"], 3)
-    return rates
+    rates = rounds(runs, batch * new_tokens, repeats)
+    # Medians: of the rates, and of each round's ratios (a round's runs share its load).
+    result = {f"{k}_tok_s": round(statistics.median(v), 1) for k, v in rates.items()}
+    for name, a, b in [("solo_vs_hf", "solo", "hf_generate"), ("tandem_vs_solo", "tandem", "solo")]:
+        ratios = [x / y for x, y in zip(rates[a], rates[b], strict=True)]
+        result[name] = round(statistics.median(ratios), 3)
+    result["rounds_tok_s"] = {k: [round(x) for x in v] for k, v in rates.items()}
+    return result
 
 
 def main() -> None:
@@ -131,7 +151,8 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     batch, new_tokens = (16, 32) if args.quick else (64, 128)
-    repeats = args.repeats or (1 if args.quick else 2)
+    repeats = args.repeats or (1 if args.quick else 3)
+    load_before = os.getloadavg()
 
     from tandem.assets.qwen_vocab import qwen_tokenizer_folder
 
@@ -147,10 +168,13 @@ def main() -> None:
             "torch": torch.__version__,
             "machine": platform.machine(),
             "tandem_sampler": "word, p=0.5, senior and junior the same model",
+            "cpus": os.cpu_count(),
         },
         "tiny_world": measure(tiny, tiny_tok, batch, new_tokens, repeats),
         "qwen3_151k_vocab": measure(qwen_shaped(), qwen_tok, batch, new_tokens, repeats),
     }
+    # 1-minute load averages: above the CPU count, other work was competing for the cores.
+    result["settings"]["load_avg_1m"] = [round(load_before[0], 2), round(os.getloadavg()[0], 2)]
     print(json.dumps(result, indent=2))
 
 

@@ -8,6 +8,10 @@ hands attention a view of the filled part: same values, same interface (``get_se
 recognise (sliding-window or linear-attention layers, transformers versions whose caches have no
 ``layers``) gets the plain ``DynamicCache``.
 
+``stack_caches`` joins the caches of prompts read in separate chunks (see ``Reader.prefill``) into
+one reserved cache, each chunk's keys right-aligned to the widest prompt as if the whole batch had
+been read at once, left-padded.
+
 What this file leaves out: paged or static caches (no fixed batch, no compiled graphs).
 """
 
@@ -34,6 +38,36 @@ def new_cache(model: Any, capacity: int) -> Any:
     if DynamicLayer is None or not layers or any(type(x) is not DynamicLayer for x in layers):
         return cache
     cache.layers = [ReservedLayer(capacity) for _ in layers]
+    return cache
+
+
+def reserved(cache: Any) -> bool:
+    """Whether every layer of ``cache`` is a full-attention ``ReservedLayer``."""
+    layers = getattr(cache, "layers", None)
+    if DynamicLayer is None or not layers:
+        return False
+    return all(type(x) is ReservedLayer for x in layers)
+
+
+def stack_caches(
+    model: Any, parts: list[tuple[Tensor, Any]], rows: int, width: int, capacity: int, repeats: int
+) -> Any:
+    """One reserved cache for ``rows * repeats`` rows from caches of disjoint groups of rows.
+
+    Args:
+        model: the model the caches belong to.
+        parts: ``(index [n], cache)`` pairs: a reserved cache of ``n`` left-padded rows, and
+            which of the ``rows`` rows they are.
+        rows: rows in all.
+        width: the widest part's length; shorter parts are right-aligned to it.
+        capacity: positions to reserve per row.
+        repeats: copies of each row, placed next to each other (row ``i`` becomes rows
+            ``i * repeats ... i * repeats + repeats - 1``).
+    """
+    cache = new_cache(model, capacity)
+    assert reserved(cache) and all(reserved(c) for _, c in parts), "only reserved caches stack"
+    for i, layer in enumerate(cache.layers):
+        layer.stack([(index, part.layers[i]) for index, part in parts], rows, width, repeats)
     return cache
 
 
@@ -75,6 +109,28 @@ if DynamicLayer is not None:
                 keys[:, :, :filled] = self.keys
                 values[:, :, :filled] = self.values
             self._storage = (keys, values)
+
+        def stack(
+            self, pieces: list[tuple[Tensor, ReservedLayer]], rows: int, width: int, repeats: int
+        ) -> None:
+            """Take over the pieces' keys and values (see ``stack_caches``)."""
+            first = pieces[0][1]
+            self.lazy_initialization(first.keys, first.values)
+            k, v = first.keys, first.values
+            size = max(self.capacity, width)
+            keys = k.new_empty(rows * repeats, k.shape[1], size, k.shape[-1])
+            values = v.new_empty(rows * repeats, v.shape[1], size, v.shape[-1])
+            for index, piece in pieces:
+                filled = piece.get_seq_length()
+                for copy in range(repeats):
+                    dest = index * repeats + copy  # [n]
+                    # Left of a shorter piece: masked out, but must be finite (0 * NaN is NaN).
+                    keys[dest, :, : width - filled] = 0.0
+                    values[dest, :, : width - filled] = 0.0
+                    keys[dest, :, width - filled : width] = piece.keys
+                    values[dest, :, width - filled : width] = piece.values
+            self._storage = (keys, values)
+            self.keys, self.values = keys[:, :, :width], values[:, :, :width]
 
         def batch_repeat_interleave(self, repeats: int) -> None:
             super().batch_repeat_interleave(repeats)

@@ -122,6 +122,8 @@ class _Loop:
             token, author, lps = self._step(logits, batch)
             for name, value in [("tokens", token), ("authors", author), *lps]:
                 batch.write(out[name], t, value)
+            if not self.eos.numel():
+                continue  # no EOS ids: every row runs to max_new_tokens
             stopped = torch.isin(token, self.eos)
             if batch.dead:
                 stopped &= batch.live

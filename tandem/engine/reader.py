@@ -6,6 +6,19 @@ padding, and explicit ``position_ids`` (counting real tokens only) keep each row
 they would be unpadded. A row that has finished is fed the pad token with mask 0 until the batch
 is compacted (``select``), so finished rows never change what live rows see.
 
+Two things make reading cheaper on a CPU, with the same results up to float rounding:
+
+- the prompts are read in chunks of similar lengths (shortest first, at most
+  ``_PREFILL_TOKENS`` padded tokens each), then their caches are stacked into one. Less padding
+  is read, and a chunk's activations stay in the CPU's caches: at the tiny world's batch of 64
+  this makes the prefill about 30% cheaper;
+- each step hands the model a ready 4D attention mask (the form its attention implementation
+  takes), one column longer than the last, instead of a 2D mask that the model turns into a
+  4D one at every call (about 0.2 ms a step, 2% of the tiny world's step at batch 64).
+
+Both need the reserved cache (``tandem.engine.cache``); models whose caches are not reserved
+(sliding-window or other special layers) are read in one piece with 2D masks.
+
 What this file leaves out: sampling (``tandem.engine.draw``) and the loop
 (``tandem.engine.generate``).
 """
@@ -18,7 +31,18 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from tandem.engine.cache import new_cache
+from tandem.engine.cache import new_cache, reserved, stack_caches
+
+# Padded prompt tokens per prefill chunk. On a CPU, chunks of a thousand tokens or less keep
+# their activations in cache (the tiny world's 64 prompts of up to 74 tokens: 0.26 s in chunks
+# of 512 to 1024 tokens, 0.37 s in one piece, 0.33 s in chunks of 192); accelerators want big
+# batches, so chunks there only bound memory.
+_PREFILL_TOKENS = {"cpu": 1024}
+_PREFILL_TOKENS_ELSEWHERE = 32768
+
+# Attention implementations whose 4D masks the reader builds itself: True keeps a position
+# (sdpa), or 0 keeps it and the dtype's minimum hides it (eager), as transformers builds them.
+_MASK_KINDS = ("sdpa", "eager")
 
 
 def model_device(model: Any) -> torch.device:
@@ -39,6 +63,9 @@ class Reader:
         params = inspect.signature(model.forward).parameters
         # transformers 5 renamed past_key_values to cache.
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self._reserved = reserved(new_cache(model, capacity=1))
+        attention = getattr(model.config, "_attn_implementation", None)
+        self._mask_kind = attention if self._reserved and attention in _MASK_KINDS else None
 
     def prefill(self, ids: Tensor, mask: Tensor, repeats: int, max_new_tokens: int) -> Tensor:
         """Read the prompts once, then repeat each ``repeats`` times (G samples per prompt).
@@ -54,28 +81,76 @@ class Reader:
         """
         ids, mask = ids.to(self.device), mask.to(self.device).long()
         positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)  # [B, P]
-        self.cache = new_cache(self.model, capacity=ids.shape[1] + max_new_tokens)
+        rows, width = mask.shape
+        capacity = width + max_new_tokens
+        chunks = self._chunks(mask.sum(1)) if self._reserved else []
+        if len(chunks) <= 1:
+            self.cache = new_cache(self.model, capacity)
+            logits = self._forward(ids, mask, positions, self.cache)  # [B, V]
+            if repeats > 1:
+                self.cache.batch_repeat_interleave(repeats)
+        else:
+            logits, parts = None, []
+            for index, chunk_width in chunks:
+                part = new_cache(self.model, chunk_width)
+                cols = slice(width - chunk_width, width)  # the chunk's prompts all fit here
+                args = (ids[index, cols], mask[index, cols], positions[index, cols])
+                out = self._forward(*args, part)
+                if logits is None:
+                    logits = out.new_empty(rows, out.shape[1])
+                logits[index] = out
+                parts.append((index, part))
+            self.cache = stack_caches(self.model, parts, rows, width, capacity, repeats)
+        if repeats > 1:
+            logits = logits.repeat_interleave(repeats, dim=0)
+            mask = mask.repeat_interleave(repeats, dim=0)
+            positions = positions.repeat_interleave(repeats, dim=0)
+        self._start_mask(mask, max_new_tokens)
+        self.position = positions[:, -1] + 1  # [N] left padding: the last column is real
+        return logits
+
+    def _forward(self, ids: Tensor, mask: Tensor, positions: Tensor, cache: Any) -> Tensor:
+        """``[b, V]`` float32 logits after the last column of a prompt chunk."""
         out = self.model(
             input_ids=ids,
             attention_mask=mask,
             position_ids=positions,
             use_cache=True,
             logits_to_keep=1,
-            **{self._cache_arg: self.cache},
+            **{self._cache_arg: cache},
         )
-        logits = out.logits[:, -1].float()  # [B, V]
-        if repeats > 1:
-            self.cache.batch_repeat_interleave(repeats)
-            logits = logits.repeat_interleave(repeats, dim=0)
-            mask = mask.repeat_interleave(repeats, dim=0)
-            positions = positions.repeat_interleave(repeats, dim=0)
+        return out.logits[:, -1].float()
+
+    def _chunks(self, lengths: Tensor) -> list[tuple[Tensor, int]]:
+        """Rows grouped for the prefill: ``(index [b], width)`` pairs, shortest prompts first."""
+        budget = _PREFILL_TOKENS.get(self.device.type, _PREFILL_TOKENS_ELSEWHERE)
+        order = torch.argsort(lengths.cpu(), stable=True)
+        sizes = lengths.cpu()[order].tolist()
+        chunks, start = [], 0
+        for end in range(1, len(sizes) + 1):
+            # Ascending lengths: a chunk is as wide as its last row.
+            if end == len(sizes) or (end + 1 - start) * sizes[end] > budget:
+                chunks.append((order[start:end].to(self.device), sizes[end - 1]))
+                start = end
+        return chunks
+
+    def _start_mask(self, mask: Tensor, max_new_tokens: int) -> None:
+        """One mask buffer for the whole generation: each step fills one more column."""
         rows, width = mask.shape
-        # One mask buffer for the whole generation: each step fills one more column.
-        self.mask = torch.zeros(rows, width + max_new_tokens, dtype=torch.long, device=self.device)
-        self.mask[:, :width] = mask
+        size = width + max_new_tokens
+        if self._mask_kind == "sdpa":  # [N, 1, 1, W] bool, True on positions to attend
+            self.mask = torch.zeros(rows, 1, 1, size, dtype=torch.bool, device=self.device)
+            self.mask[:, 0, 0, :width] = mask.bool()
+        elif self._mask_kind == "eager":  # [N, 1, 1, W] additive
+            dtype = self.model.get_input_embeddings().weight.dtype
+            self._hidden = torch.finfo(dtype).min
+            shape = (rows, 1, 1, size)
+            self.mask = torch.full(shape, self._hidden, dtype=dtype, device=self.device)
+            self.mask[:, 0, 0, :width] = torch.where(mask.bool(), 0.0, self._hidden)
+        else:  # [N, W] long: the model builds its 4D mask from it
+            self.mask = torch.zeros(rows, size, dtype=torch.long, device=self.device)
+            self.mask[:, :width] = mask
         self.width = width
-        self.position = positions[:, -1] + 1  # [N] left padding: the last column is real
-        return logits
 
     def step(self, tokens: Tensor, live: Tensor) -> Tensor:
         """Read one more token per row; rows with ``live`` False are masked out.
@@ -87,11 +162,17 @@ class Reader:
         Returns:
             ``[n, V]`` float32 logits for the next token.
         """
-        self.mask[:, self.width] = live.to(self.device)
+        live = live.to(self.device)
+        if self._mask_kind == "sdpa":
+            self.mask[:, 0, 0, self.width] = live
+        elif self._mask_kind == "eager":
+            self.mask[:, 0, 0, self.width] = torch.where(live, 0.0, self._hidden)
+        else:
+            self.mask[:, self.width] = live
         self.width += 1
         out = self.model(
             input_ids=tokens.to(self.device)[:, None],
-            attention_mask=self.mask[:, : self.width],
+            attention_mask=self.mask[..., : self.width],
             position_ids=self.position[:, None],
             use_cache=True,
             **{self._cache_arg: self.cache},

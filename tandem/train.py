@@ -32,6 +32,7 @@ from tandem.modules.grpo import TandemGRPO
 from tandem.modules.junior import JuniorCallback
 from tandem.modules.models import load_tokenizer
 from tandem.modules.progress import StepProgressBar
+from tandem.provenance import record_start
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +124,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     L.seed_everything(cfg.seed, workers=True)
     trainer, module, data, ckpt = build(cfg)
     if trainer.global_rank == 0:
+        record_start(cfg.output_dir)
         log.info(
             "run folder %s; resume with: python -m tandem.train run_name=%s ckpt_path=last",
             cfg.output_dir,

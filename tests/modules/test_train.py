@@ -16,6 +16,7 @@ from hydra import compose, initialize_config_dir
 from safetensors.torch import load_file
 
 from tandem.assets import TINY_WORLD
+from tandem.provenance import run_commits
 from tandem.train import run
 
 CONF = str(Path(__file__).resolve().parents[2] / "conf")
@@ -93,6 +94,8 @@ def test_resume_gives_the_same_senior_as_a_straight_run(tmp_path: Path) -> None:
     assert any(not torch.equal(a[k], base[k]) for k in a), "the runs must move the senior"
     for k in a:
         assert torch.equal(a[k], b[k]), k
+    # each start records the code it ran under
+    assert len(run_commits(resumed)) == 2 and len(run_commits(straight)) == 1
 
 
 def test_several_updates_per_batch_of_rollouts(tmp_path: Path) -> None:

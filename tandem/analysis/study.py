@@ -25,6 +25,7 @@ What this file leaves out: training (``tandem.train``) and the metrics (``tandem
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import logging
 import math
@@ -43,6 +44,7 @@ from tandem.provenance import run_commits, source_commit
 log = logging.getLogger(__name__)
 
 ARMS = ("grpo", "trl", "kl_reg")
+VALIDATION_KEYS = ("val/solo/accuracy", "val/tandem/accuracy")
 # the eval sets of the study: the claims are measured on the first (sampled, pass@k); the
 # second, greedy, is the accuracy a training run is judged by
 CLAIM_SET, GREEDY_SET = "tiny", "tiny_greedy"
@@ -331,7 +333,7 @@ def render(
         "t-interval of the difference.",
         "",
     ]
-    lines += training_section(values, base, arms)
+    lines += training_section(values, base, arms, runs)
     for claim in CLAIMS:
         lines += [f"## {claim.title}", "", f"Paper: {claim.paper}", ""]
         header = ["metric", "base", *arms, "paper (trl / grpo)"]
@@ -366,8 +368,52 @@ def render(
     return "\n".join(lines)
 
 
+def validation_curves(runs: list[Run]) -> dict[str, dict[tuple[str, int], list[float]]]:
+    """Per arm, ``(key, step) -> per-seed values`` of the validation accuracies logged during
+    training (``csv/version_*/metrics.csv``; a resumed run's versions are read in order)."""
+    curves: dict[str, dict[tuple[str, int], list[float]]] = {}
+    for run in runs:
+        seen: dict[tuple[str, int], float] = {}
+        for path in sorted(run.path.glob("csv/version_*/metrics.csv")):
+            with path.open(newline="") as f:
+                for row in csv.DictReader(f):
+                    for key in VALIDATION_KEYS:
+                        if row.get(key):
+                            seen[(key, int(row["step"]))] = float(row[key])
+        arm = curves.setdefault(run.arm, {})
+        for point, value in seen.items():
+            arm.setdefault(point, []).append(value)
+    return curves
+
+
+def curves_section(runs: list[Run], arms: list[str]) -> list[str]:
+    """Validation accuracy over training, solo and handing off, mean over seeds per arm."""
+    curves = validation_curves(runs)
+    steps = sorted({step for arm in curves.values() for _, step in arm})
+    if not steps:
+        return []
+    lines = [
+        "Validation accuracy during training (greedy, the validation split, logged by "
+        "`tandem.train`): the senior alone / handing off to the junior under the word sampler "
+        "at p=0.5, mean over seeds.",
+        "",
+        "| step | " + " | ".join(arms) + " |",
+        "|" + " --- |" * (len(arms) + 1),
+    ]
+    for step in steps:
+        cells = []
+        for arm in arms:
+            pair = [curves.get(arm, {}).get((key, step)) for key in VALIDATION_KEYS]
+            cells.append(" / ".join(_fmt(sum(v) / len(v)) if v else "n/a" for v in pair))
+        lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
 def training_section(
-    values: dict[str, dict[str, list[float]]], base: dict[str, float], arms: list[str]
+    values: dict[str, dict[str, list[float]]],
+    base: dict[str, float],
+    arms: list[str],
+    runs: list[Run],
 ) -> list[str]:
     """What training did: greedy accuracy on the held-out problems, alone and handing off."""
     keys = ("greedy/solo/pass@1", "greedy/handoff/pass@1")
@@ -393,7 +439,7 @@ def training_section(
         seeds = f"{len(got)} seeds{interval}"
         gain = f"{100 * mean:+.1f} points"
         lines.append(f"- `{arm}`: solo greedy accuracy {gain} over the base ({seeds}).")
-    return [*lines, ""]
+    return [*lines, "", *curves_section(runs, arms)]
 
 
 def _commits(folder: Path) -> str:

@@ -139,3 +139,24 @@ def test_verdicts_follow_the_claims_direction() -> None:
     ).startswith("Direction reproduces, but")
     assert verdict(drift, "pulled_back", [0.3, 0.4, 0.35], []).startswith("Does not reproduce")
     assert verdict(drift, "pulled_back", [0.9, 0.92, 0.88], []).startswith("Reproduces")
+
+
+def test_validation_curves_average_seeds_and_read_resumed_logs(tmp_path: Path) -> None:
+    from tandem.analysis.study import Run, curves_section
+
+    def log(folder: Path, version: int, rows: list[tuple[int, float, float]]) -> None:
+        path = folder / "csv" / f"version_{version}" / "metrics.csv"
+        path.parent.mkdir(parents=True)
+        lines = ["step,train/reward,val/solo/accuracy,val/tandem/accuracy"]
+        lines += [f"{s},,{solo},{tandem}" for s, solo, tandem in rows]
+        lines += ["5,0.5,,"]  # a training row: no validation values
+        path.write_text("\n".join(lines) + "\n")
+
+    a, b = tmp_path / "grpo-seed0", tmp_path / "grpo-seed1"
+    log(a, 0, [(19, 0.4, 0.3)])
+    log(a, 1, [(39, 0.5, 0.4)])  # resumed: a second CSV version
+    log(b, 0, [(19, 0.6, 0.5), (39, 0.7, 0.6)])
+    runs = [Run(a, "grpo", 0, 40), Run(b, "grpo", 1, 40)]
+    table = "\n".join(curves_section(runs, ["grpo"]))
+    assert "| 19 | 0.500 / 0.400 |" in table
+    assert "| 39 | 0.600 / 0.500 |" in table

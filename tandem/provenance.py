@@ -25,23 +25,26 @@ def source_commit() -> str:
     return head + ("+dirty" if dirty else "")
 
 
-def record_start(folder: str | Path) -> dict[str, Any]:
-    """Append this start (commit, time) to ``<folder>/run_info.json``; a resumed run adds one
-    entry per start, so a run resumed under other code shows it. Returns the file's content."""
+def record_start(folder: str | Path, step: int = 0) -> dict[str, Any]:
+    """Append this start (commit, optimizer step it starts from, time) to
+    ``<folder>/run_info.json``; a resumed run adds one entry per start, so a run resumed under
+    other code shows it. Returns the file's content."""
     path = Path(folder) / "run_info.json"
     info = json.loads(path.read_text()) if path.is_file() else {"starts": []}
-    info["starts"].append({"commit": source_commit(), "time": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    now = time.strftime("%Y-%m-%dT%H:%M:%S")
+    info["starts"].append({"commit": source_commit(), "step": step, "time": now})
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(info, indent=2) + "\n")
     return info
 
 
-def run_commits(folder: str | Path) -> list[str]:
-    """The commits a run was started (and resumed) under; empty when it recorded none."""
+def run_commits(folder: str | Path) -> list[tuple[str, int]]:
+    """``(commit, from step)`` of each start of a run; a first start after step 0 means the
+    steps before it ran under code that recorded nothing. Empty when the run recorded none."""
     path = Path(folder) / "run_info.json"
     if not path.is_file():
         return []
-    return [start["commit"] for start in json.loads(path.read_text())["starts"]]
+    return [(s["commit"], s.get("step", 0)) for s in json.loads(path.read_text())["starts"]]
 
 
 def _git(*args: str) -> str:

@@ -116,6 +116,14 @@ def resolve_ckpt(ckpt_path: str | None, ckpt_dir: Path) -> str | None:
     return None
 
 
+def checkpoint_step(ckpt: str | None) -> int:
+    """The optimizer step a run resumes from (0 for a fresh start)."""
+    if ckpt is None:
+        return 0
+    state = torch.load(ckpt, map_location="cpu", weights_only=False, mmap=True)
+    return int(state.get("global_step", 0))
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Validate, build and fit; returns the final logged metrics."""
     validate_train_config(cfg, world_size(cfg))
@@ -124,7 +132,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     L.seed_everything(cfg.seed, workers=True)
     trainer, module, data, ckpt = build(cfg)
     if trainer.global_rank == 0:
-        record_start(cfg.output_dir)
+        record_start(cfg.output_dir, checkpoint_step(ckpt))
         log.info(
             "run folder %s; resume with: python -m tandem.train run_name=%s ckpt_path=last",
             cfg.output_dir,

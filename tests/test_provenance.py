@@ -23,7 +23,7 @@ def test_source_commit_is_this_checkouts_head() -> None:
 def test_each_start_is_appended(tmp_path: Path) -> None:
     assert run_commits(tmp_path) == []
     record_start(tmp_path)
-    record_start(tmp_path)  # a resume
+    record_start(tmp_path, step=30)  # a resume
     info = json.loads((tmp_path / "run_info.json").read_text())
     assert len(info["starts"]) == 2 and all(s["time"] for s in info["starts"])
-    assert run_commits(tmp_path) == [source_commit()] * 2
+    assert run_commits(tmp_path) == [(source_commit(), 0), (source_commit(), 30)]

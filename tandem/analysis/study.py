@@ -357,8 +357,8 @@ def render(
     lines += [
         "## Runs",
         "",
-        "The commits each run was trained under (one per start; `unrecorded`: the run predates "
-        "`run_info.json`).",
+        "The code each run was trained under: the commit of each start and the step it started "
+        "from (`unrecorded`: steps run before runs recorded their commit).",
         "",
         "| arm | seed | folder | trained at |",
         "| --- | --- | --- | --- |",
@@ -443,7 +443,11 @@ def training_section(
 
 
 def _commits(folder: Path) -> str:
-    return ", ".join(f"`{c}`" for c in run_commits(folder)) or "unrecorded"
+    starts = run_commits(folder)
+    parts = [f"`{commit}` from step {step}" for commit, step in starts]
+    if not starts or starts[0][1] > 0:
+        parts.insert(0, "unrecorded" + (f" to step {starts[0][1]}" if starts else ""))
+    return ", ".join(parts)
 
 
 def main(argv: list[str] | None = None) -> Path:

@@ -45,6 +45,8 @@ class _Worker:
     ready: bool = False
     task: int | None = None
     deadline: float = 0.0
+    # consecutive starts of this slot that died before becoming ready
+    failed_starts: int = 0
 
 
 class VerifierPool:
@@ -188,16 +190,28 @@ class VerifierPool:
         return _Worker(process, parent_end, started=time.monotonic())
 
     def _replace(self, worker: _Worker, failed_start: bool = False) -> _Worker:
+        failures = worker.failed_starts + 1 if failed_start else 0
         if failed_start:
-            raise RuntimeError(
-                f"a reward worker exited while starting (exit code {worker.process.exitcode}). "
-                "Run `python -c 'import tandem.rewards.verify'` to see the import error."
-            )
+            worker.process.join(timeout=1.0)
+            code = worker.process.exitcode
+            # a worker killed from outside (a signal: negative code) while importing is
+            # replaced like any other; one that exits by itself, or dies at every start, has a
+            # problem a new worker would only repeat
+            if code is None or code >= 0 or failures >= MAX_FAILED_STARTS:
+                raise RuntimeError(
+                    f"a reward worker exited while starting (exit code {code}, start "
+                    f"{failures} in a row). Run `python -c 'import tandem.rewards.verify'` to "
+                    "see the import error."
+                )
         _stop(worker, graceful=False)
-        return self._start()
+        new = self._start()
+        new.failed_starts = failures
+        return new
 
 
 _START_LOCK = threading.Lock()
+# a slot whose worker is killed this many times in a row before it is ready gives up
+MAX_FAILED_STARTS = 3
 
 
 @contextlib.contextmanager

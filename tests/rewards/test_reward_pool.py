@@ -183,3 +183,16 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_a_worker_killed_while_starting_is_replaced():
+    from tandem.rewards.pool import VerifierPool
+
+    pool = VerifierPool(workers=1)
+    try:
+        pool._workers.append(pool._start())  # a worker that is still importing sympy
+        os.kill(pool.pids()[0], signal.SIGKILL)
+        (verdict,) = pool.run([(r"\frac{x}{2}", "x/2")])
+        assert verdict.score == 1.0
+    finally:
+        pool.close()

@@ -158,7 +158,10 @@ class TandemGRPO(L.LightningModule):
         # logged with every batch, so a stale engine shows
         self.backend.sync(self.senior, self.global_step)
         self.weights_lag = self.global_step - self.backend.weights_step
-        return self.backend.generate(batch.prompt_ids, sampler, params, junior=not sampler.solo)
+        # the junior reads along when it writes, and when the loss needs its log-probs (the KL
+        # penalty toward it): a solo arm with kl_beta > 0 must not train as plain GRPO
+        reads = not sampler.solo or (self.training and self.loss_cfg.kl_beta > 0)
+        return self.backend.generate(batch.prompt_ids, sampler, params, junior=reads)
 
     def step_seed(self, index: int, stream: int) -> int:
         """A seed from (run seed, batch index, rank, stream): resume replays the same samples."""

@@ -155,6 +155,12 @@ def grpo_loss(
         m = senior_mask.float()
         stats["clip_fraction"] = ((unclipped != clipped).float() * m).sum() / m.sum().clamp(min=1)
         stats["ratio_mean"] = (ratio * m).sum() / m.sum().clamp(min=1)
+    if ref_logp is None and cfg.kl_beta > 0:
+        raise ValueError(
+            f"loss kl_beta is {cfg.kl_beta} but the rollouts carry no junior log-probs to take "
+            "the KL toward: the junior must read along while sampling (set kl_beta=0 for no "
+            "KL penalty)."
+        )
     if ref_logp is not None:
         kl = kl_penalty(logp, ref_logp, cfg.kl_estimator)  # [N, T]
         kl_value = aggregate(kl, senior_mask, cfg.aggregation, cfg.constant)

@@ -132,3 +132,13 @@ def test_kl_penalty_pulls_toward_the_reference() -> None:
 def test_bad_loss_config_is_named(kwargs, message) -> None:
     with pytest.raises(ValueError, match=message):
         LossConfig(**kwargs)
+
+
+def test_kl_penalty_without_reference_log_probs_fails_closed() -> None:
+    logp = torch.zeros(2, 3, requires_grad=True)
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    cfg = LossConfig(kl_beta=0.1)
+    with pytest.raises(ValueError, match="kl_beta"):
+        grpo_loss(logp, logp.detach(), None, torch.ones(2), mask, ~mask, cfg)
+    _, stats = grpo_loss(logp, logp.detach(), None, torch.ones(2), mask, ~mask, LossConfig())
+    assert "kl" not in stats

@@ -227,3 +227,21 @@ def test_grpo_learns_a_fixed_set_of_prompts(tmp_path: Path) -> None:
     rewards = [float(r["train/reward"]) for r in metrics_rows(tmp_path) if r.get("train/reward")]
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     assert last > first + 0.2, (first, last)
+
+
+def test_kl_reg_arm_is_not_plain_grpo(tmp_path: Path) -> None:
+    # solo rollouts: the junior writes nothing, but the KL penalty needs its log-probs, so it
+    # must read along; without them the kl_reg arm trained exactly as grpo did
+    common = ["trainer.max_steps=3", "generation.max_new_tokens=96", "validation.every_n_steps=99"]
+    run(config(tmp_path / "grpo", "experiment=grpo", *common))
+    run(config(tmp_path / "kl", "experiment=kl_reg", "module.loss.kl_beta=1.0", *common))
+    grpo, kl = (
+        senior_weights(tmp_path / "grpo" / "senior"),
+        senior_weights(tmp_path / "kl" / "senior"),
+    )
+    base = senior_weights(TINY_WORLD)
+    assert any(not torch.equal(grpo[k], base[k]) for k in base), "GRPO must move the senior"
+    assert any(not torch.equal(grpo[k], kl[k]) for k in grpo), "the KL term changed nothing"
+    rows = [r for r in metrics_rows(tmp_path / "kl") if r.get("train/reward")]
+    assert rows and all(r.get("train/kl") not in (None, "") for r in rows)
+    assert float(rows[-1]["train/kl"]) > 0.0

@@ -147,22 +147,40 @@ def difference_interval(
 
 
 def displacement_for_seed(
-    base: str, grpo: Run, other: Run, texts: Path, top: int = 500
-) -> dict[str, float]:
-    """Pulled-back share and Spearman correlations of ``other`` against ``grpo`` on ``texts``
-    (the GRPO senior's own solo outputs)."""
-    from tandem.analysis.displacement import displacement_on_records
+    base: str, grpo: Run, others: Sequence[Run], texts: Path, top: int = 500
+) -> dict[Path, dict[str, float]]:
+    """Per run of ``others``: pulled-back share and Spearman correlations against ``grpo`` on
+    ``texts`` (the GRPO senior's own solo outputs), by run folder.
+
+    The base's and the GRPO senior's mean probabilities are computed once for all the other
+    arms of the seed, and at most two models are loaded at a time.
+    """
+    from tandem.analysis.displacement import (
+        displacement,
+        mean_probabilities,
+        records_to_tensors,
+    )
     from tandem.evaluation.records import read_records
     from tandem.modules.models import load_causal_lm
 
     records = [r for r in read_records(texts) if r["mode"] == "solo"]
-    models = [load_causal_lm(str(p)).eval() for p in (base, grpo.senior, other.senior)]
-    result = displacement_on_records(records, *models, top=top)
-    return {
-        "pulled_back": result.pulled_back,
-        "spearman_top": result.spearman_top,
-        "spearman_all": result.spearman_all,
-    }
+    tensors = records_to_tensors(records)
+
+    def means(paths: Sequence[str | Path]) -> tuple[Any, int]:
+        models = [load_causal_lm(str(p)).eval() for p in paths]
+        return mean_probabilities(models, *tensors)
+
+    (base_means, grpo_means), count = means([base, grpo.senior])
+    found = {}
+    for run in others:
+        (run_means,), _ = means([run.senior])
+        result = displacement(base_means, grpo_means, run_means, top, count)
+        found[run.path] = {
+            "pulled_back": result.pulled_back,
+            "spearman_top": result.spearman_top,
+            "spearman_all": result.spearman_all,
+        }
+    return found
 
 
 def collect(
@@ -186,20 +204,18 @@ def collect(
         arm = values.setdefault(run.arm, {})
         for key, value in flatten(results).items():
             arm.setdefault(key, []).append(value)
-    by_seed = {(r.arm, r.seed): r for r in runs}
-    for (arm, seed), run in sorted(by_seed.items()):
-        grpo = by_seed.get(("grpo", seed))
-        if arm == "grpo" or grpo is None:
-            continue
-        cache = run.path / "eval" / "displacement.json"
-        if cache.is_file():
-            found = json.loads(cache.read_text())
-        else:
+    grpo_by_seed = {r.seed: r for r in runs if r.arm == "grpo"}
+    cache = "eval/displacement.json"
+    for seed, grpo in sorted(grpo_by_seed.items()):
+        others = [r for r in runs if r.seed == seed and r.arm != "grpo"]
+        pending = [r for r in others if not (r.path / cache).is_file()]
+        if pending:
             texts = grpo.path / "eval" / "generations" / f"{CLAIM_SET}.jsonl"
-            found = displacement_for_seed(base, grpo, run, texts)
-            cache.write_text(json.dumps(found, indent=2) + "\n")
-        for key, value in found.items():
-            values.setdefault(arm, {}).setdefault(key, []).append(value)
+            for folder, found in displacement_for_seed(base, grpo, pending, texts).items():
+                (folder / cache).write_text(json.dumps(found, indent=2) + "\n")
+        for run in others:
+            for key, value in json.loads((run.path / cache).read_text()).items():
+                values.setdefault(run.arm, {}).setdefault(key, []).append(value)
     return values, flatten(base_results), runs
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from tandem.modules.loss import ADVANTAGE_MODES, LossConfig
+from tandem.modules.loss import ADVANTAGE_MODES, OLD_LOGPROB_SOURCES, LossConfig
 from tandem.modules.models import check_model_path
 from tandem.registry import (
     BACKENDS,
@@ -136,6 +136,17 @@ def _check_module(problems: list[str], m: dict) -> None:
     for key in ("num_iterations", "mini_batches"):
         if key in m and not _positive_int(m[key]):
             problems.append(f"module.{key} ({m[key]!r}) must be a positive integer.")
+    t = m.get("logprob_temperature")
+    if t is not None and not (isinstance(t, int | float) and not isinstance(t, bool) and t > 0):
+        problems.append(
+            f"module.logprob_temperature ({t!r}) must be a number > 0, or null for the rollout "
+            "temperature."
+        )
+    if m.get("old_logprobs", "auto") not in OLD_LOGPROB_SOURCES:
+        problems.append(
+            f"module.old_logprobs ({m.get('old_logprobs')!r}) must be one of "
+            f"{list(OLD_LOGPROB_SOURCES)}: where the loss's old log-probs come from."
+        )
     if "lr" in m and not (isinstance(m["lr"], int | float) and m["lr"] > 0):
         problems.append(f"module.lr ({m['lr']!r}) must be a number > 0.")
     loss = dict(m.get("loss") or {})

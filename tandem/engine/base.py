@@ -4,11 +4,13 @@
 contiguous), every ``[N, T]`` tensor aligned by construction: position ``t`` of a row is one
 token, its author, and its log-prob under each model.
 
-Log-probs are the *raw* model's: ``log_softmax`` of the logits at temperature 1, without top-k or
-top-p, for the emitted token under the senior and under the junior. That is what GRPO's ratio
-(the trainer recomputes the same quantity with gradients), a KL to the junior and the
-legibility metrics need. The sampling distribution (temperature, top-k, top-p, and the word
-sampler's onset restriction) only decides which token is drawn.
+Log-probs come in two kinds. ``senior_logprobs`` and ``junior_logprobs`` are the *raw* model's:
+``log_softmax`` of the logits at temperature 1, without top-k or top-p, for the emitted token
+under each model; the drift and legibility metrics measure those. ``old_logprobs`` and
+``ref_logprobs``, recorded when ``SamplingParams.logprob_temperature`` is set, are the same with
+the logits divided by that temperature first: the quantity GRPO's ratio and its KL term use, as in
+verl and TRL (the trainer recomputes it with gradients). Neither includes top-k, top-p or the word
+sampler's onset restriction: those only decide which token is drawn.
 
 What this file leaves out: the generation loop (``tandem.engine.generate``) and token sampling
 (``tandem.engine.draw``).
@@ -50,6 +52,9 @@ class SamplingParams:
         samples_per_prompt: G, rows per prompt (rows ``i*G ... i*G+G-1`` share prompt ``i``).
         eos_token_ids: ids that end a row; ``None`` reads them from the senior's
             ``generation_config`` (then its ``config``); ``()`` never stops early.
+        logprob_temperature: also record each token's log-prob with the logits divided by
+            this (``Rollouts.old_logprobs`` / ``ref_logprobs``, the policy loss's inputs);
+            ``None`` records only the raw ones.
     """
 
     max_new_tokens: int = 256
@@ -59,6 +64,7 @@ class SamplingParams:
     seed: int = 0
     samples_per_prompt: int = 1
     eos_token_ids: tuple[int, ...] | None = None
+    logprob_temperature: float | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -72,6 +78,10 @@ class SamplingParams:
             problems.append(f"top_k ({self.top_k}) must be >= 0 (0 turns it off)")
         if self.samples_per_prompt < 1:
             problems.append(f"samples_per_prompt ({self.samples_per_prompt}) must be >= 1")
+        if self.logprob_temperature is not None and not self.logprob_temperature > 0:
+            problems.append(
+                f"logprob_temperature ({self.logprob_temperature}) must be > 0 (None: raw only)"
+            )
         if problems:
             raise ValueError("invalid SamplingParams: " + "; ".join(problems) + ".")
         if self.eos_token_ids is not None:
@@ -108,6 +118,10 @@ class Rollouts:
         pad_token_id: the padding id used in ``tokens`` and ``prompt_tokens``.
         texts: each response decoded once from ``tokens[:length]`` (special tokens skipped);
             ``None`` when ``generate`` had no tokenizer.
+        old_logprobs: each token's senior log-prob at ``SamplingParams.logprob_temperature``
+            (the policy loss's old log-probs); ``None`` when not recorded.
+        ref_logprobs: the same under the junior (the KL term's reference); ``None`` when not
+            recorded or no junior ran.
     """
 
     tokens: Tensor  # [N, T] long
@@ -121,12 +135,15 @@ class Rollouts:
     prompt_index: Tensor  # [N] long
     pad_token_id: int
     texts: list[str] | None = None
+    old_logprobs: Tensor | None = None  # [N, T] float32
+    ref_logprobs: Tensor | None = None  # [N, T] float32
 
     def __post_init__(self) -> None:
         n, t = self.tokens.shape
         aligned = [self.authors, self.senior_logprobs]
-        if self.junior_logprobs is not None:
-            aligned.append(self.junior_logprobs)
+        for extra in (self.junior_logprobs, self.old_logprobs, self.ref_logprobs):
+            if extra is not None:
+                aligned.append(extra)
         assert all(x.shape == (n, t) for x in aligned), (
             f"tokens, authors and log-probs must all be [N, T] = {[n, t]}, got "
             f"{[list(x.shape) for x in aligned]}"

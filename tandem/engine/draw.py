@@ -89,6 +89,12 @@ def logprobs(scores: Scores, tokens: Tensor) -> Tensor:
     return scores.logits.gather(1, tokens[:, None]).squeeze(1) - scores.lse
 
 
+def tempered_logprobs(scores: Scores, tokens: Tensor, temperature: float) -> Tensor:
+    """``[n]``: the log-softmax of ``tokens [n]`` with the logits divided by ``temperature``."""
+    z = scores.logits / temperature  # [n, V]
+    return z.gather(1, tokens[:, None]).squeeze(1) - torch.logsumexp(z, dim=-1)
+
+
 def draw(
     scores: Scores,
     rows: Tensor | None,

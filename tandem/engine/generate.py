@@ -7,6 +7,9 @@ senior and under the junior is recorded on the way, for GRPO and for the drift a
 metrics, with no extra forward pass. Solo generation is the same loop with the ``solo`` sampler;
 ``junior=None`` then skips the junior altogether.
 
+With ``params.logprob_temperature`` set, each model's log-prob of the token with its logits divided
+by that temperature is recorded too (``old_logprobs``, ``ref_logprobs``): the policy loss's view.
+
 Randomness: token draws use two uniforms per row per step (one for the proposal, one for a
 word-onset redraw) from a CPU generator seeded with ``params.seed``, drawn for all N rows at every
 step, so a row's tokens depend on its logits, the seed and the step only. With the sampler's
@@ -29,7 +32,15 @@ import torch
 from torch import Tensor
 
 from tandem.engine.base import JUNIOR, PAD, SENIOR, Rollouts, SamplingParams, StopReason
-from tandem.engine.draw import Scores, draw, fast, logprobs, new_buffer, score
+from tandem.engine.draw import (
+    Scores,
+    draw,
+    fast,
+    logprobs,
+    new_buffer,
+    score,
+    tempered_logprobs,
+)
 from tandem.engine.reader import Reader
 from tandem.samplers.base import Sampler
 from tandem.samplers.solo import SoloSampler
@@ -96,7 +107,10 @@ class _Loop:
     ) -> None:
         self.readers = [Reader(m) for m in models]
         self.codes = [SENIOR, JUNIOR][: len(models)]
-        self.logprob_names = ["senior_logprobs", "junior_logprobs"][: len(models)]
+        # per model: the raw log-probs, then those at the loss's temperature when asked for
+        tempered = params.logprob_temperature is not None
+        names = [("senior_logprobs", "old_logprobs"), ("junior_logprobs", "ref_logprobs")]
+        self.logprob_names = [n if tempered else n[:1] for n in names[: len(models)]]
         self.home = self.readers[0].device
         self.sampler, self.params, self.pad = sampler, params, pad
         self.eos = torch.tensor(eos, dtype=torch.long, device=self.home)
@@ -160,10 +174,18 @@ class _Loop:
             )
         token, author = batch.where_live(token, self.pad), batch.where_live(author, PAD)
         self.sampler.observe(batch.spread(token, self.pad), batch.spread(author, PAD))
-        lps = [
-            (name, batch.where_live(logprobs(s, token.to(r.device)).to(self.home), 0.0))
-            for name, s, r in zip(self.logprob_names, scores, self.readers, strict=True)
-        ]
+        lps = []
+        for names, s, r in zip(self.logprob_names, scores, self.readers, strict=True):
+            tok = token.to(r.device)
+            raw = logprobs(s, tok)
+            values = [raw]
+            if len(names) > 1:  # the policy loss's log-probs, at its temperature
+                t = self.params.logprob_temperature
+                values.append(raw if t == 1.0 else tempered_logprobs(s, tok, t))
+            lps += [
+                (name, batch.where_live(v.to(self.home), 0.0))
+                for name, v in zip(names, values, strict=True)
+            ]
         return token, author, lps
 
     def _draw(
@@ -194,11 +216,11 @@ class _Loop:
         return token
 
     def _buffers(self, n: int, t: int) -> dict[str, Any]:
-        home, k = self.home, len(self.readers)
+        home = self.home
         return {
             "tokens": torch.full((n, t), self.pad, dtype=torch.long, device=home),
             "authors": torch.full((n, t), PAD, dtype=torch.long, device=home),
-            **{name: torch.zeros(n, t, device=home) for name in self.logprob_names[:k]},
+            **{name: torch.zeros(n, t, device=home) for ns in self.logprob_names for name in ns},
             "stop_reasons": torch.full((n,), int(StopReason.LENGTH), device=home),
         }
 
@@ -207,11 +229,12 @@ class _Loop:
         lengths = (out["authors"] != PAD).sum(1)  # [N]
         t = int(lengths.max())
         home = self.home
+        recorded = {name: out[name][:, :t] for ns in self.logprob_names for name in ns}
         return {
             "tokens": out["tokens"][:, :t],
             "authors": out["authors"][:, :t],
-            "senior_logprobs": out["senior_logprobs"][:, :t],
-            "junior_logprobs": out["junior_logprobs"][:, :t] if len(self.readers) > 1 else None,
+            "junior_logprobs": None,
+            **recorded,
             "lengths": lengths,
             "stop_reasons": out["stop_reasons"],
             "prompt_tokens": ids.repeat_interleave(g, dim=0).to(home),

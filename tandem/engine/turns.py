@@ -54,7 +54,8 @@ class TurnTables:
 
     def __init__(self, tables: BoundaryTables) -> None:
         self.tables = tables
-        for name in ("onset", "leads", "trails", "sentence_end", "step_end", "newline"):
+        names = ("onset", "leads", "trails", "sentence_end", "step_end", "newline", "leading_space")
+        for name in names:
             setattr(self, name, getattr(tables, name).tolist())
         self.newline_start = tables.newline_start.tolist()
         self.newline_end = tables.newline_end.tolist()
@@ -62,6 +63,9 @@ class TurnTables:
     # Scalar forms of tandem.samplers.boundaries' rules (tests check them against the tensor forms).
     def word(self, token: int, prev: int) -> bool:
         return self.onset[token] or (self.trails[prev] and self.leads[token])
+
+    def space(self, token: int, prev: int) -> bool:
+        return self.leading_space[token]
 
     def step(self, token: int, prev: int) -> bool:
         joined = self.newline_end[prev] and not self.sentence_end[prev]
@@ -74,8 +78,10 @@ class TurnTables:
     def token(self, token: int, prev: int) -> bool:
         return True
 
-    def allowed_after(self, prev: int) -> Tensor:
+    def allowed_after(self, prev: int, boundary: str = "word") -> Tensor:
         """``[V]`` bool: the tokens that begin a word after ``prev``."""
+        if boundary == "space":
+            return self.tables.leading_space
         return onset_candidates(self.tables, torch.tensor([prev]))[0]
 
 
@@ -84,7 +90,8 @@ class Turn:
     """One author's turn in one row: the sampler's state, and the coins the author will win.
 
     Attributes:
-        boundary: where coins fall: ``word``, ``step``, ``sentence`` or ``token``.
+        boundary: where coins fall: ``word`` (onsets), ``space`` (leading-space tokens),
+            ``step``, ``sentence`` or ``token``.
         rule: ``onset`` (a proposed word onset is a coin) or ``after`` (a coin falls after an
             emitted boundary token).
         keep: coins this author still wins; the next one ends the turn.
@@ -118,12 +125,13 @@ class Turn:
 
     def feed(self, token: int, tables: TurnTables) -> bool:
         """The author's token; False if it began a word and lost that coin (token dropped)."""
-        if self.rule == "onset" and not self.drawn and tables.word(token, self.prev):
+        begins = getattr(tables, self.boundary)
+        if self.rule == "onset" and not self.drawn and begins(token, self.prev):
             self.drawn = True
             if self._lose():
                 return False
         self.since = 1 if self.drawn else self.since + 1
-        self.due = self.rule == "after" and getattr(tables, self.boundary)(token, self.prev)
+        self.due = self.rule == "after" and begins(token, self.prev)
         self.prev, self.fresh, self.restrict = token, False, False
         return True
 
@@ -155,7 +163,7 @@ class Schedule:
         self.first = "coin"
         self.alternate = False
         if isinstance(sampler, WordSampler):
-            self.boundary = "word"
+            self.boundary = "word" if sampler.boundary == "onset" else "space"
             self.rule = "onset" if sampler.rule == "onset" else "after"
             self.max_gap = sampler.max_gap_tokens
         elif isinstance(sampler, TokenSampler):

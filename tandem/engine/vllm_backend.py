@@ -117,7 +117,7 @@ class _Replay:
             only[self.stop] = True
             return only
         if self.turn.restrict and self.fed == 0:
-            return tables.allowed_after(self.turn.prev)
+            return tables.allowed_after(self.turn.prev, self.turn.boundary)
         return None
 
 

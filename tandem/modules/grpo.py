@@ -11,8 +11,15 @@ One training step reads top to bottom::
 
 Vanilla GRPO is the same module with the ``solo`` sampler. The junior (frozen, the reference
 for KL) is lent by ``JuniorCallback`` through ``self.junior_holder`` and never registered as a
-submodule. Old log-probs and reference log-probs come from the engine, which records both models'
-log-prob of every token while sampling, so the update costs one senior forward per mini-batch.
+submodule.
+
+The loss's log-probs (new, old and reference) are taken with the logits divided by the rollout
+temperature (``logprob_temperature``), as verl, TRL and the authors' fork do: the ratio then
+compares the distributions the tokens were sampled from. The old and reference log-probs come
+from the engine, which records them while sampling, when it runs on the trainer's own float32
+weights; otherwise (vLLM, a lower precision, a stale engine) from one no-grad pass of the
+trainer's senior (and junior, for a KL term) before the update, as verl does
+(``old_logprobs``). ``train/engine_logprob_gap`` logs the largest difference between the two.
 
 Optimisation is manual because one batch of rollouts may feed several optimizer steps
 (``num_iterations`` x ``mini_batches``); ``global_step`` counts optimizer steps.
@@ -34,7 +41,13 @@ from tandem.data.datamodule import PromptBatch
 from tandem.engine import JUNIOR, SENIOR, Rollouts, SamplingParams, StopReason, build_backend
 from tandem.modules.checks import check_rollouts
 from tandem.modules.logprobs import sequence_logprobs
-from tandem.modules.loss import LossConfig, group_advantages, grpo_loss, zero_variance_groups
+from tandem.modules.loss import (
+    OLD_LOGPROB_SOURCES,
+    LossConfig,
+    group_advantages,
+    grpo_loss,
+    zero_variance_groups,
+)
 from tandem.modules.models import load_causal_lm, load_tokenizer
 from tandem.modules.stats import rollout_table, team_stats
 from tandem.registry import REWARDS, SAMPLERS
@@ -63,6 +76,12 @@ class TandemGRPO(L.LightningModule):
         rollouts_to_log, rollout_log_every: rollout texts logged every so many steps.
         backend: what samples rollouts: ``name`` (``torch``, ``vllm``) plus its arguments
             (``tandem.engine.vllm_backend.VLLMBackend``, e.g. ``sync_every``); None: torch.
+        logprob_temperature: divides the logits of the loss's log-probs (new, old, reference);
+            None: the rollout temperature (verl, TRL and the authors' fork); 1.0: the raw model.
+        old_logprobs: where the old (and reference) log-probs come from: ``engine`` (recorded
+            while sampling), ``trainer`` (a no-grad pass of the trainer's models before the
+            update) or ``auto`` (the engine when it samples with the trainer's own float32
+            weights, else the trainer).
     """
 
     def __init__(
@@ -89,7 +108,14 @@ class TandemGRPO(L.LightningModule):
         rollouts_to_log: int = 2,
         rollout_log_every: int = 10,
         backend: dict[str, Any] | None = None,
+        logprob_temperature: float | None = None,
+        old_logprobs: str = "auto",
     ) -> None:
+        if old_logprobs not in OLD_LOGPROB_SOURCES:
+            raise ValueError(
+                f"old_logprobs ({old_logprobs!r}) must be one of {OLD_LOGPROB_SOURCES}: where "
+                "the policy loss's old log-probs come from. Use auto unless you know why not."
+            )
         super().__init__()
         self.save_hyperparameters()
         self.automatic_optimization = False
@@ -136,8 +162,11 @@ class TandemGRPO(L.LightningModule):
         samples: int,
         temperature: float | None = None,
         stream: int = 0,
+        logprob_temperature: float | None = None,
     ) -> Rollouts:
-        """``samples`` rollouts per prompt of ``batch``, the rows of a prompt adjacent."""
+        """``samples`` rollouts per prompt of ``batch``, the rows of a prompt adjacent.
+
+        ``logprob_temperature`` also records the loss's old and reference log-probs."""
         g = self.hparams.generation
         seed = self.step_seed(batch.index, stream)
         params = SamplingParams(
@@ -147,6 +176,7 @@ class TandemGRPO(L.LightningModule):
             max_new_tokens=g["max_new_tokens"],
             seed=seed,
             samples_per_prompt=samples,
+            logprob_temperature=logprob_temperature,
         )
         # coins too are a function of (seed, step, rank): a resumed run redraws the same ones
         sampler.generator.manual_seed(seed)
@@ -172,7 +202,9 @@ class TandemGRPO(L.LightningModule):
         hp = self.hparams
         answers = batch.repeat(hp.group_size).answers
         t0 = time.perf_counter()
-        rollouts = self.rollout(batch, self.sampler, hp.group_size)  # [B*G, T]
+        rollouts = self.rollout(  # [B*G, T]
+            batch, self.sampler, hp.group_size, logprob_temperature=self.loss_temperature
+        )
         check_rollouts(rollouts, self.sampler)
         t1 = time.perf_counter()
         rewards = torch.tensor(self.reward.score(rollouts.texts, answers))  # [B*G]
@@ -199,6 +231,24 @@ class TandemGRPO(L.LightningModule):
         authors = rollouts.authors.cpu()
         return (authors == SENIOR) & keep, (authors == JUNIOR) & keep
 
+    @property
+    def loss_temperature(self) -> float:
+        """What the loss divides the logits by: ``logprob_temperature``, else the rollouts'."""
+        t = self.hparams.logprob_temperature
+        return float(self.hparams.generation["temperature"] if t is None else t)
+
+    def old_logprob_source(self) -> str:
+        """``engine`` or ``trainer``: ``old_logprobs`` with ``auto`` resolved."""
+        choice = self.hparams.old_logprobs
+        if choice != "auto":
+            return choice
+        backend = (self.hparams.backend or {}).get("name", "torch")
+        precision = str(self.trainer.precision) if self._trainer is not None else "32-true"
+        # only the torch engine samples with the trainer's very weights; bf16 or a stale vLLM
+        # engine gives log-probs the trainer would not compute
+        same = backend == "torch" and self.hparams.dtype == "float32" and precision == "32-true"
+        return "engine" if same else "trainer"
+
     def update(
         self, rollouts: Rollouts, adv: Tensor, senior_mask: Tensor, junior_mask: Tensor
     ) -> dict[str, Tensor]:
@@ -209,17 +259,20 @@ class TandemGRPO(L.LightningModule):
         ids, mask = rollouts.sequences()  # [N, P+T] each
         start = rollouts.prompt_tokens.shape[1]
         slices = torch.arange(n).chunk(hp.mini_batches)
+        old, ref, gap = self.old_and_ref(rollouts, ids, mask, start, slices)  # [N, T] each
         totals: dict[str, Tensor] = {}
         for _ in range(hp.num_iterations):
             for idx in slices:
-                logp = sequence_logprobs(self.senior, ids[idx], mask[idx], start)  # [n, T]
+                logp = sequence_logprobs(  # [n, T]
+                    self.senior, ids[idx], mask[idx], start, self.loss_temperature
+                )
                 dev = logp.device
-                junior_logp = rollouts.junior_logprobs
-                ref = None if junior_logp is None else junior_logp[idx].to(dev)
+                if gap is None:  # the engine's old log-probs, against the first slice's
+                    gap = _max_gap(logp.detach(), old[idx].to(dev), senior_mask[idx].to(dev))
                 loss, stats = grpo_loss(
                     logp,
-                    rollouts.senior_logprobs[idx].to(dev),
-                    ref,
+                    old[idx].to(dev),
+                    None if ref is None else ref[idx].to(dev),
                     adv[idx].to(dev),
                     senior_mask[idx].to(dev),
                     junior_mask[idx].to(dev),
@@ -234,7 +287,47 @@ class TandemGRPO(L.LightningModule):
                 sched.step()
                 for k, v in stats.items():
                     totals[k] = totals.get(k, 0) + v / (hp.num_iterations * len(slices))
+        totals["engine_logprob_gap"] = gap
         return totals
+
+    def old_and_ref(
+        self, rollouts: Rollouts, ids: Tensor, mask: Tensor, start: int, slices: tuple[Tensor, ...]
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """The loss's old and reference log-probs ``[N, T]``, and the engine-trainer gap.
+
+        From the engine, the gap is left ``None`` for ``update`` to measure on the first slice
+        (the only one seen before an optimizer step). From the trainer, each slice is read with
+        the shapes of its update, so that the first pass's ratio is exactly 1.
+        """
+        t = self.loss_temperature
+        if self.old_logprob_source() == "engine":
+            if rollouts.old_logprobs is None:
+                raise ValueError(
+                    "old_logprobs is engine but this backend records no log-probs at the loss "
+                    f"temperature ({t}). Set module.old_logprobs=trainer (or auto)."
+                )
+            return rollouts.old_logprobs, rollouts.ref_logprobs, None
+        # the engine's figure to compare with: at the loss temperature if it recorded that
+        engine = rollouts.old_logprobs
+        temps = [t] if engine is not None else [t, 1.0]
+        with torch.no_grad():
+            per_slice = [
+                sequence_logprobs(self.senior, ids[idx], mask[idx], start, temps) for idx in slices
+            ]
+            old, *raw = (torch.cat(lps) for lps in zip(*per_slice, strict=True))  # [N, T] each
+            ref = rollouts.ref_logprobs
+            if ref is None and self.loss_cfg.kl_beta > 0 and self.junior is not None:
+                ref = torch.cat(
+                    [
+                        sequence_logprobs(self.junior, ids[idx], mask[idx], start, [t])[0]
+                        for idx in slices
+                    ]
+                )
+        engine_lp = engine if engine is not None else rollouts.senior_logprobs
+        trainer_lp = old if engine is not None else raw[0]
+        senior = rollouts.senior_mask.to(old.device)
+        gap = _max_gap(trainer_lp, engine_lp.to(old.device), senior)
+        return old, ref, gap
 
     def log_step(
         self,
@@ -305,3 +398,9 @@ class TandemGRPO(L.LightningModule):
 
 def _args(spec: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in spec.items() if k != "name"}
+
+
+def _max_gap(a: Tensor, b: Tensor, mask: Tensor) -> Tensor:
+    """The largest ``|a - b|`` over ``mask`` (0 with nothing masked in)."""
+    gap = (a - b).abs().masked_fill(~mask.bool(), 0.0)
+    return gap.max() if gap.numel() else torch.tensor(0.0)

@@ -25,6 +25,8 @@ from torch import Tensor
 ADVANTAGE_MODES = ("std", "mean")
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_sum_constant")
 KL_ESTIMATORS = ("k1", "k3")
+# where the old log-probs of the ratio come from (``TandemGRPO(old_logprobs=...)``)
+OLD_LOGPROB_SOURCES = ("auto", "engine", "trainer")
 
 
 def group_advantages(

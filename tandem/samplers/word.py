@@ -29,9 +29,15 @@ that begins a word is emitted, and decides the author from the next token on. Th
 token therefore belongs to the previous author, and the new author takes over one token into
 the word: for a one-token word (``Ġapples``) it writes the following onset, so whole words
 still change hands, but a multi-token word (``Ġcomput`` ``ing``, the digits ``1`` ``2`` of a
-number) can be split between authors. No proposal is ever redrawn. The onsets are ours, not the
-reference's "surface starts with a space": the two agree on ``Ġword`` tokens, and where a bare
-``Ġ`` or a newline precedes a word, ours puts the onset on the word's first token instead.
+number) can be split between authors. No proposal is ever redrawn.
+
+Where a word begins is a second choice, ``boundary``: ``"onset"`` (ours, the first word byte
+after whitespace, looking at the previous token) or ``"leading_space"`` (the authors' code: a
+token whose surface starts with a space, ``Ġ``, with no context, so a bare ``Ġ`` is a boundary
+and a word after a newline is not; 53,021 ids on Qwen3's vocabulary). ``rule="after_boundary"``
+with ``boundary="leading_space"`` is the authors' schedule exactly (``conf/sampler/
+word_authors.yaml``, which ``conf/reproduce_paper.yaml`` trains with); ``rule="onset"`` with
+``boundary="onset"`` is the paper's text (``conf/sampler/word.yaml``).
 
 Under both rules, after ``max_gap_tokens`` tokens with no coin the coin is drawn anyway, before
 the next token's proposal (the new author writes it unrestricted), so long runs without spaces
@@ -49,9 +55,19 @@ from torch import Tensor
 
 from tandem.registry import SAMPLERS
 from tandem.samplers.base import Handoff, Sampler
-from tandem.samplers.boundaries import onset_candidates, word_onset
+from tandem.samplers.boundaries import (
+    leading_space,
+    onset_candidates,
+    space_candidates,
+    word_onset,
+)
 
 RULES = ("onset", "after_boundary")
+# where a word begins: (whether a token does after prev, the [N, V] tokens that would)
+BOUNDARIES = {
+    "onset": (word_onset, onset_candidates),
+    "leading_space": (leading_space, space_candidates),
+}
 
 
 @SAMPLERS.register("word")
@@ -64,6 +80,7 @@ class WordSampler(Sampler):
         max_gap_tokens: the most tokens between two coins; reaching it draws the coin anyway.
         rule: ``"onset"`` (the coin at the onset decides who writes it) or
             ``"after_boundary"`` (the coin is redrawn after an onset is emitted).
+        boundary: where words begin: ``"onset"`` or ``"leading_space"`` (the authors' code).
         seed: seeds the coin.
         vocab_size: the models' logits width, if wider than the tokenizer.
     """
@@ -75,11 +92,17 @@ class WordSampler(Sampler):
         p: float = 0.5,
         max_gap_tokens: int = 32,
         rule: str = "onset",
+        boundary: str = "onset",
         seed: int = 0,
         vocab_size: int | None = None,
     ) -> None:
         if rule not in RULES:
             raise ValueError(f"rule ({rule!r}) must be one of {RULES}: see tandem.samplers.word.")
+        if boundary not in BOUNDARIES:
+            raise ValueError(
+                f"boundary ({boundary!r}) must be one of {tuple(BOUNDARIES)}: see "
+                "tandem.samplers.word."
+            )
         if max_gap_tokens < 1:
             raise ValueError(
                 f"max_gap_tokens ({max_gap_tokens}) must be at least 1: it is the longest run of "
@@ -88,6 +111,8 @@ class WordSampler(Sampler):
         super().__init__(tokenizer, p=p, seed=seed, vocab_size=vocab_size)
         self.max_gap_tokens = max_gap_tokens
         self.rule = rule
+        self.boundary = boundary
+        self._begins, self._candidates = BOUNDARIES[boundary]
 
     def start(self, context: Tensor, vocab_size: int) -> None:
         super().start(context, vocab_size)
@@ -101,24 +126,24 @@ class WordSampler(Sampler):
     def decide(self, proposal: Tensor) -> Handoff:
         if self.rule != "onset":
             return super().decide(proposal)
-        onset = word_onset(self._tables, proposal, self.prev) & ~self._drawn  # [N]
+        onset = self._begins(self._tables, proposal, self.prev) & ~self._drawn  # [N]
         assert self._coin is not None, "decide() must follow propose() in the same step"
         author = torch.where(onset, self._coin, self.author)
         resample = onset & (author != self.author)
         self._drawn = self._drawn | onset
         self.author = author
-        allowed = onset_candidates(self._tables, self.prev[resample]) if resample.any() else None
+        allowed = self._candidates(self._tables, self.prev[resample]) if resample.any() else None
         return Handoff(author, resample, allowed)
 
     def _after(self, token: Tensor) -> None:
         self._since = torch.where(self._drawn, 1, self._since + 1)
         if self.rule == "after_boundary":
-            self._due = word_onset(self._tables, token, self.prev)
+            self._due = self._begins(self._tables, token, self.prev)
         else:
             self._due = torch.zeros_like(self._due)
 
     def __repr__(self) -> str:
         return (
             f"WordSampler(p={self.p}, max_gap_tokens={self.max_gap_tokens}, rule={self.rule!r}, "
-            f"seed={self.seed})"
+            f"boundary={self.boundary!r}, seed={self.seed})"
         )

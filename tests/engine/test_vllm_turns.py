@@ -16,7 +16,7 @@ from tandem.engine import TorchBackend, build_backend
 from tandem.engine import backend as backend_module
 from tandem.engine.turns import Schedule, TurnTables
 from tandem.samplers import SENIOR, SoloSampler, StepSampler, WordSampler
-from tandem.samplers.boundaries import sentence_end, step_end, word_onset
+from tandem.samplers.boundaries import leading_space, sentence_end, step_end, word_onset
 
 
 def test_scalar_rules_are_the_samplers_rules(tokenizer):
@@ -25,7 +25,13 @@ def test_scalar_rules_are_the_samplers_rules(tokenizer):
     v = sampler.tables.size
     token = torch.arange(v).repeat(v)  # every (prev, token) pair of the vocabulary
     prev = torch.arange(v).repeat_interleave(v)
-    for name, rule in (("word", word_onset), ("step", step_end), ("sentence", sentence_end)):
+    rules = (
+        ("word", word_onset),
+        ("space", leading_space),
+        ("step", step_end),
+        ("sentence", sentence_end),
+    )
+    for name, rule in rules:
         expected = rule(sampler.tables, token, prev).view(v, v)  # [prev, token]
         scalar = getattr(tables, name)
         got = torch.tensor([[bool(scalar(t, p)) for t in range(v)] for p in range(v)])
@@ -49,6 +55,8 @@ def test_turn_lengths_are_geometric(p, tokenizer):
 
 
 def test_schedules(tokenizer):
+    authors = Schedule(WordSampler(tokenizer, rule="after_boundary", boundary="leading_space"))
+    assert (authors.boundary, authors.rule, authors.max_gap) == ("space", "after", 32)
     step = Schedule(StepSampler(tokenizer))
     assert step.first_author() == SENIOR and step.turn(SENIOR, 0).keep == 0  # alternation
     with pytest.raises(NotImplementedError, match="torch backend"):

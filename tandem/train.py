@@ -56,6 +56,7 @@ def build(cfg: DictConfig) -> tuple[L.Trainer, TandemGRPO, PromptDataModule, str
         batch_size=cfg.batch_size // cfg.group_size,
         val_size=cfg.validation.size,
         seed=cfg.seed,
+        **c["prompt"],
     )
     module = TandemGRPO(
         model=cfg.model.name_or_path,

@@ -26,7 +26,7 @@ from tandem.evaluation.records import read_records
 from tandem.modules.models import load_causal_lm
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
-EVAL_SETS = ["tiny", "math500", "aime24", "aime25", "aime26", "amc23", "minerva"]
+EVAL_SETS = ["tiny", "math500", "aime24", "aime25", "aime26", "amc23", "amc23_25", "minerva"]
 # quick runs: one torch thread (fastest on a small shared CPU), no Aim, no progress bar
 QUICK = ["threads=1", "aim=false", "progress=false"]
 

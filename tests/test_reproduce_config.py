@@ -44,42 +44,81 @@ def flat(cfg) -> dict[str, object]:
     return out
 
 
-@pytest.mark.parametrize("name", ["reproduce", "reproduce_paper"])
+# each study's arms: the arm's experiment config, by the name it reports under
+STUDIES = {
+    "reproduce": {"grpo": "grpo", "trl": "trl", "kl_reg": "kl_reg"},
+    "reproduce_paper": {
+        "grpo": "grpo",
+        "trl": "paper/trl",
+        "kl_reg": "paper/kl_reg",
+        "grpo_g16": "paper/grpo_g16",
+        "trl_token": "paper/trl_token",
+        "trl_sentence": "paper/trl_sentence",
+    },
+}
+
+
+@pytest.mark.parametrize("name", list(STUDIES))
 def test_every_job_of_the_study_validates(name: str) -> None:
     jobs = sweep(study_config(name))
-    assert len(jobs) == 9, jobs  # 3 arms x 3 seeds
-    assert {j[0] for j in jobs} == {f"experiment={a}" for a in ARMS}
+    arms = STUDIES[name]
+    assert len(jobs) == 3 * len(arms), jobs  # every arm x 3 seeds
+    assert {j[0] for j in jobs} == {f"experiment={a}" for a in arms.values()}
     for job in jobs:
         cfg = study_config(name, *job)
         validate_train_config(cfg)
         assert cfg.ckpt_path == "last", "an interrupted study must resume"
-        # each job has its own folder, named by its overrides, the same on every restart
-        arm, seed = (o.split("=")[1] for o in job)
-        assert cfg.hydra.sweep.subdir == f"{arm}-seed{seed}"
+        # each job has its own folder, named by its arm and seed, the same on every restart
+        seed = job[1].split("=")[1]
+        assert cfg.experiment_name in arms
+        assert cfg.hydra.sweep.subdir == f"{cfg.experiment_name}-seed{seed}"
 
 
-@pytest.mark.parametrize("name", ["reproduce", "reproduce_paper"])
+@pytest.mark.parametrize("name", list(STUDIES))
 def test_arms_differ_only_in_rollout_structure_and_kl(name: str) -> None:
-    configs = {arm: flat(study_config(name, f"experiment={arm}", "seed=0")) for arm in ARMS}
+    arms = STUDIES[name]
+    configs = {a: flat(study_config(name, f"experiment={e}", "seed=0")) for a, e in arms.items()}
     allowed = {"experiment_name", "module.loss.kl_beta"}
-    for a, b in itertools.combinations(ARMS, 2):
+    # the rollout-budget control differs in its group size alone (16 prompts x 16 rollouts)
+    control = {"group_size", "batch_size"}
+    for a, b in itertools.combinations(arms, 2):
         differ = {k for k in configs[a].keys() | configs[b].keys()}
         differ = {k for k in differ if configs[a].get(k) != configs[b].get(k)}
-        assert {k for k in differ if not k.startswith("sampler.")} <= allowed, (a, b, differ)
+        ok = allowed | (control if "grpo_g16" in (a, b) else set())
+        assert {k for k in differ if not k.startswith("sampler.")} <= ok, (a, b, differ)
     assert configs["trl"]["sampler.name"] == "word" and configs["trl"]["sampler.p"] == 0.5
     assert configs["grpo"]["sampler.name"] == configs["kl_reg"]["sampler.name"] == "solo"
     assert configs["kl_reg"]["module.loss.kl_beta"] > 0 == configs["grpo"]["module.loss.kl_beta"]
     # every arm validates and picks checkpoints the same way
-    assert len({configs[a]["validation.monitor"] for a in ARMS}) == 1
+    assert len({configs[a]["validation.monitor"] for a in arms}) == 1
 
 
-def test_paper_study_carries_the_paper_recipe() -> None:
-    cfg = study_config("reproduce_paper", "experiment=trl", "seed=0")
+def test_paper_study_carries_the_authors_recipe() -> None:
+    cfg = study_config("reproduce_paper", "experiment=paper/trl", "seed=0")
     assert cfg.model.name_or_path == "Qwen/Qwen3-4B-Instruct-2507"
     assert cfg.model.junior_device == "cuda:1" and cfg.trainer.accelerator == "gpu"
     assert cfg.data.path == "agentica-org/DeepScaleR-Preview-Dataset"
+    assert (cfg.data.holdout, cfg.data.holdout_seed) == (1000, 0)
     assert (cfg.batch_size // cfg.group_size, cfg.group_size) == (16, 8)
-    assert cfg.module.lr == 1e-6 and cfg.generation.temperature == 0.6
+    assert (cfg.module.mini_batches, cfg.module.num_iterations) == (2, 1)
+    assert cfg.module.lr == 1e-6 and cfg.module.warmup_steps == 0
+    assert cfg.module.weight_decay == 0.01 and list(cfg.module.betas) == [0.9, 0.999]
+    assert cfg.generation.temperature == 0.6 and cfg.generation.top_p == 1.0
     assert cfg.generation.max_new_tokens == 3000
+    assert cfg.module.logprob_temperature is None, "the loss at the rollout temperature"
     assert cfg.module.loss.clip_low == cfg.module.loss.clip_high == 0.2
+    assert cfg.module.loss.aggregation == "token_mean" and cfg.module.advantage == "std"
+    assert cfg.module.loss.kl_beta == 0.0
+    assert cfg.prompt.instruction.startswith("Solve the following math problem step by step.")
+    assert cfg.prompt.separator == " "
+    assert cfg.validation.every_n_steps == 20
     assert cfg.validation.monitor == "val/tandem/accuracy"
+    # the authors' word schedule, in training and in the tandem validation pass
+    for sampler in (cfg.sampler, cfg.validation.sampler):
+        assert (sampler.rule, sampler.boundary, sampler.max_gap_tokens) == (
+            "after_boundary",
+            "leading_space",
+            32,
+        )
+    kl = study_config("reproduce_paper", "experiment=paper/kl_reg", "seed=0").module.loss
+    assert (kl.kl_beta, kl.kl_estimator) == (0.001, "k3")

@@ -104,6 +104,7 @@ class PromptDataModule(L.LightningDataModule):
         val_batch_size: prompts per validation batch on each process.
         seed: decides the order of training prompts.
         instruction: appended to each problem; asks for the answer format the reward reads.
+        separator: between the problem and the instruction.
     """
 
     def __init__(
@@ -115,12 +116,14 @@ class PromptDataModule(L.LightningDataModule):
         val_batch_size: int = 32,
         seed: int = 0,
         instruction: str = INSTRUCTION,
+        separator: str = "\n",
     ) -> None:
         super().__init__()
         source = dict(source)
         self.source = DATASETS.build(source.pop("name"), **source)
         self.tokenizer, self.batch_size, self.seed = tokenizer, batch_size, seed
-        self.val_size, self.val_batch_size, self.instruction = val_size, val_batch_size, instruction
+        self.val_size, self.val_batch_size = val_size, val_batch_size
+        self.instruction, self.separator = instruction, separator
         self.consumed = 0  # training batches handed out so far: the resume position
         self.splits: dict[str, dict[str, list]] = {}
 
@@ -133,7 +136,9 @@ class PromptDataModule(L.LightningDataModule):
             if split == "validation" and self.val_size is not None:
                 rows = rows.select(range(min(self.val_size, len(rows))))
             problems, answers = list(rows["problem"]), list(rows["answer"])
-            texts = [format_prompt(self.tokenizer, p, self.instruction) for p in problems]
+            texts = [
+                format_prompt(self.tokenizer, p, self.instruction, self.separator) for p in problems
+            ]
             ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
             self.splits[split] = {"problems": problems, "answers": answers, "ids": ids}
 

@@ -11,12 +11,15 @@ from typing import Any
 INSTRUCTION = "Put the final answer in \\boxed{}."
 
 
-def user_message(problem: str, instruction: str = INSTRUCTION) -> str:
-    """The user turn for ``problem``: the problem, then the answer-format instruction."""
-    return f"{problem.strip()}\n{instruction}" if instruction else problem.strip()
+def user_message(problem: str, instruction: str = INSTRUCTION, separator: str = "\n") -> str:
+    """The user turn for ``problem``: the problem, ``separator``, the answer-format
+    instruction (the authors' runs join them with a space)."""
+    return f"{problem.strip()}{separator}{instruction}" if instruction else problem.strip()
 
 
-def format_prompt(tokenizer: Any, problem: str, instruction: str = INSTRUCTION) -> str:
+def format_prompt(
+    tokenizer: Any, problem: str, instruction: str = INSTRUCTION, separator: str = "\n"
+) -> str:
     """The chat-formatted prompt text, ending where the assistant's answer begins."""
-    messages = [{"role": "user", "content": user_message(problem, instruction)}]
+    messages = [{"role": "user", "content": user_message(problem, instruction, separator)}]
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)

@@ -13,8 +13,11 @@ What this file leaves out: chat formatting and tokenization (``tandem.data.datam
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import datasets
@@ -25,6 +28,7 @@ from tandem.registry import DATASETS
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "validation", "test")
+_BOXED = re.compile(r"\\boxed\{([^{}]+)\}")
 
 
 @dataclass(frozen=True)
@@ -131,8 +135,18 @@ class HFSource:
         name: the dataset's configuration name, if it has several.
         problem_column: the column holding the problem text.
         answer_column: the column holding the gold answer.
-        holdout: for sets with only a train split: the last ``holdout`` rows of ``train``
-            become ``validation`` and are removed from ``train``, so the two never overlap.
+        holdout: for sets with only a train split: ``holdout`` rows of ``train`` become
+            ``validation`` and are removed from ``train``, so the two never overlap.
+        holdout_seed: draws the held-out rows at random with this seed, from the usable rows, as
+            the authors' ``build_deepscaler.py`` does (pandas' ``sample(n, random_state)``, so
+            the same rows); None: the last ``holdout`` rows.
+        root: a folder holding local copies of hub datasets, one folder per hub name (as
+            ``huggingface-cli download NAME --repo-type dataset --local-dir ROOT/NAME`` leaves
+            them): ``path`` is then read from ``root/path``. None: ``path`` as given.
+        answer_in_box: the answer column holds a worked solution: its first ``\\boxed{}``
+            is the answer (as the authors build AIME 2024 from ``math-ai/aime24``).
+        drop_answers: answers whose rows are left out (reported), as the authors drop answers
+            their verifier cannot grade from AMC 2024-25.
     """
 
     def __init__(
@@ -144,11 +158,18 @@ class HFSource:
         problem_column: str = "problem",
         answer_column: str = "answer",
         holdout: int = 0,
+        holdout_seed: int | None = None,
+        root: str | None = None,
+        answer_in_box: bool = False,
+        drop_answers: list[str] | None = None,
     ) -> None:
+        if root is not None:
+            path = str(Path(root).expanduser() / path)
+        self.answer_in_box, self.drop_answers = answer_in_box, set(drop_answers or ())
         self.path, self.name, self.data_files = path, name, data_files
         self.splits = dict(splits or {"train": "train"})
         self.problem_column, self.answer_column = problem_column, answer_column
-        self.holdout = holdout
+        self.holdout, self.holdout_seed = holdout, holdout_seed
         if holdout < 0:
             raise ValueError(f"holdout ({holdout}) must be >= 0 rows.")
         if holdout and "validation" in self.splits:
@@ -159,15 +180,44 @@ class HFSource:
 
     def load(self, split: str) -> tuple[datasets.Dataset, SourceReport]:
         if self.holdout and split in ("train", "validation"):
-            ds = self._read("train")
-            if len(ds) <= self.holdout:
-                raise ValueError(
-                    f"holdout ({self.holdout}) leaves no training rows of {len(ds)}; lower it."
-                )
-            cut = len(ds) - self.holdout
-            ds = ds.select(range(cut) if split == "train" else range(cut, len(ds)))
-            return clean_rows(ds, self.problem_column, self.answer_column, split)
-        return clean_rows(self._read(split), self.problem_column, self.answer_column, split)
+            return self._held_out(split)
+        return self._clean(self._read(split), split)
+
+    def _clean(self, ds: datasets.Dataset, split: str) -> tuple[datasets.Dataset, SourceReport]:
+        """``clean_rows``, after taking boxed answers out of solutions and dropping answers."""
+        if self.answer_in_box:
+            column = self.answer_column
+            ds = ds.map(lambda row: {column: _boxed(row[column])})
+        ds, report = clean_rows(ds, self.problem_column, self.answer_column, split)
+        if self.drop_answers:
+            keep = [i for i, a in enumerate(ds["answer"]) if a not in self.drop_answers]
+            dropped = len(ds) - len(keep)
+            ds = ds.select(keep)
+            reasons = {**report.reasons, "answer in drop_answers": dropped}
+            report = dataclasses.replace(
+                report, kept=len(ds), unusable=report.unusable + dropped, reasons=reasons
+            )
+        return ds, report
+
+    def _held_out(self, split: str) -> tuple[datasets.Dataset, SourceReport]:
+        """``train`` less the held-out rows, or the held-out rows as ``validation``."""
+        ds, report = self._clean(self._read("train"), split)
+        if len(ds) <= self.holdout:
+            raise ValueError(
+                f"holdout ({self.holdout}) leaves no training rows of {len(ds)}; lower it."
+            )
+        if self.holdout_seed is None:
+            held = list(range(len(ds) - self.holdout, len(ds)))
+        else:
+            import pandas as pd  # a dependency of datasets
+
+            rows = pd.RangeIndex(len(ds)).to_series()
+            held = rows.sample(n=self.holdout, random_state=self.holdout_seed).tolist()
+        if split == "train":
+            taken = set(held)
+            held = [i for i in range(len(ds)) if i not in taken]
+        kept = ds.select(held)
+        return kept, dataclasses.replace(report, kept=len(kept))
 
     def _read(self, split: str) -> datasets.Dataset:
         if split not in self.splits:
@@ -178,6 +228,43 @@ class HFSource:
         return datasets.load_dataset(
             self.path, self.name, data_files=self.data_files, split=self.splits[split]
         )
+
+
+def _boxed(solution: Any) -> str | None:
+    """The first brace-free ``\\boxed{...}`` of ``solution`` (None: there is none), by the
+    authors' own pattern for AIME 2024."""
+    found = _BOXED.search(str(solution)) if solution is not None else None
+    return found.group(1) if found else None
+
+
+@DATASETS.register("concat")
+class ConcatSource:
+    """Several sources read one after another as one set (AMC 2023-25 from its three parts).
+
+    Args:
+        parts: the sources, each a registry name (``name``) and its arguments.
+    """
+
+    def __init__(self, parts: list[dict[str, Any]]) -> None:
+        if not parts:
+            raise ValueError("concat needs at least one part: parts=[{name: hf, ...}, ...].")
+        self.parts = []
+        for spec in parts:
+            spec = dict(spec)
+            self.parts.append(DATASETS.build(spec.pop("name"), **spec))
+
+    def load(self, split: str) -> tuple[datasets.Dataset, SourceReport]:
+        loaded = [part.load(split) for part in self.parts]
+        ds = datasets.concatenate_datasets(
+            [d.select_columns(["problem", "answer"]) for d, _ in loaded]
+        )
+        reasons: dict[str, int] = {}
+        for _, report in loaded:
+            for why, count in report.reasons.items():
+                reasons[why] = reasons.get(why, 0) + count
+        example = next((r.example for _, r in loaded if r.example), None)
+        unusable = sum(r.unusable for _, r in loaded)
+        return ds, SourceReport(split, len(ds), unusable, example, reasons)
 
 
 def _tupled(kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -52,6 +52,8 @@ class SamplingParams:
         samples_per_prompt: G, rows per prompt (rows ``i*G ... i*G+G-1`` share prompt ``i``).
         eos_token_ids: ids that end a row; ``None`` reads them from the senior's
             ``generation_config`` (then its ``config``); ``()`` never stops early.
+        context_limit: the most prompt + response tokens of a row: a row whose prompt is long
+            gets fewer than ``max_new_tokens`` (``budget``); ``None``: no such limit.
         logprob_temperature: also record each token's log-prob with the logits divided by
             this (``Rollouts.old_logprobs`` / ``ref_logprobs``, the policy loss's inputs);
             ``None`` records only the raw ones.
@@ -64,6 +66,7 @@ class SamplingParams:
     seed: int = 0
     samples_per_prompt: int = 1
     eos_token_ids: tuple[int, ...] | None = None
+    context_limit: int | None = None
     logprob_temperature: float | None = None
 
     def __post_init__(self) -> None:
@@ -78,6 +81,8 @@ class SamplingParams:
             problems.append(f"top_k ({self.top_k}) must be >= 0 (0 turns it off)")
         if self.samples_per_prompt < 1:
             problems.append(f"samples_per_prompt ({self.samples_per_prompt}) must be >= 1")
+        if self.context_limit is not None and self.context_limit < 2:
+            problems.append(f"context_limit ({self.context_limit}) must be at least 2 tokens")
         if self.logprob_temperature is not None and not self.logprob_temperature > 0:
             problems.append(
                 f"logprob_temperature ({self.logprob_temperature}) must be > 0 (None: raw only)"
@@ -86,6 +91,12 @@ class SamplingParams:
             raise ValueError("invalid SamplingParams: " + "; ".join(problems) + ".")
         if self.eos_token_ids is not None:
             object.__setattr__(self, "eos_token_ids", tuple(int(i) for i in self.eos_token_ids))
+
+    def budget(self, prompt_length: int) -> int:
+        """The most response tokens after a prompt of ``prompt_length`` tokens (at least 1)."""
+        if self.context_limit is None:
+            return self.max_new_tokens
+        return max(1, min(self.max_new_tokens, self.context_limit - prompt_length))
 
     @property
     def greedy(self) -> bool:

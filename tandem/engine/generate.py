@@ -130,19 +130,28 @@ class _Loop:
         out = self._buffers(n, p.max_new_tokens)
         batch = _Batch(torch.arange(n, device=home), torch.ones(n, dtype=torch.bool, device=home))
         token = torch.full((n,), self.pad, device=home)  # [n] the last emitted token
+        # rows whose context_limit leaves them fewer tokens than max_new_tokens
+        budgets = [p.budget(int(k)) for k in mask.sum(1).repeat_interleave(g)]
+        budget = torch.tensor(budgets, device=home) if min(budgets) < p.max_new_tokens else None
         for t in range(p.max_new_tokens):
             if t > 0:
                 logits = [r.step(token, batch.live) for r in self.readers]
             token, author, lps = self._step(logits, batch)
             for name, value in [("tokens", token), ("authors", author), *lps]:
                 batch.write(out[name], t, value)
-            if not self.eos.numel():
-                continue  # no EOS ids: every row runs to max_new_tokens
-            stopped = torch.isin(token, self.eos)
+            done = self.sampler.done  # the schedule's own end (a cap on turns)
+            if not self.eos.numel() and budget is None and done is None:
+                continue  # nothing stops a row before max_new_tokens
+            eos = torch.isin(token, self.eos)
+            stopped = eos.clone()
+            if budget is not None:
+                stopped |= batch.take(budget) <= t + 1
+            if done is not None:
+                stopped |= batch.take(done)
             if batch.dead:
                 stopped &= batch.live
             if bool(stopped.any()):
-                out["stop_reasons"][batch.rows[stopped]] = StopReason.EOS
+                out["stop_reasons"][batch.rows[stopped & eos]] = StopReason.EOS
                 batch.finish(stopped)
                 if batch.dead == batch.size:
                     break

@@ -160,6 +160,7 @@ class Schedule:
     def __init__(self, sampler: Sampler) -> None:
         self.sampler = sampler
         self.max_gap = 0
+        self.max_rounds = getattr(sampler, "max_rounds", None)
         self.first = "coin"
         self.alternate = False
         if isinstance(sampler, WordSampler):
@@ -172,6 +173,11 @@ class Schedule:
             self.boundary = "sentence" if sampler.boundary is sentence_end else "step"
             assert sampler.boundary in (sentence_end, step_end), "unknown step boundary"
             self.rule, self.first, self.alternate = "after", sampler.first, sampler.alternate
+            if self.max_rounds is not None and not self.alternate:
+                raise NotImplementedError(
+                    f"{sampler!r}: turns count rounds only under alternation. Set "
+                    "alternate=true, max_rounds=null, or use the torch backend."
+                )
         else:
             raise NotImplementedError(
                 f"{sampler!r} has no turn schedule: turns serve the word, token, step and "

@@ -133,6 +133,7 @@ class _Row:
     authors: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)  # the author's
     requests: int = 0
+    rounds: int = 0  # turns ended so far
     stop: int | None = None
 
 
@@ -279,7 +280,7 @@ class VLLMBackend:
         row.requests += 1
         return VSamplingParams(
             n=1,
-            max_tokens=params.max_new_tokens - len(row.tokens),
+            max_tokens=params.budget(row.prompt_length) - len(row.tokens),
             temperature=params.temperature,
             top_p=params.top_p,
             top_k=params.top_k,
@@ -344,6 +345,9 @@ class VLLMBackend:
                 continue
             row.author = SENIOR + JUNIOR - row.author
             row.turn = schedule.turn(row.author, row.context[-1], restrict)
+            row.rounds += 1
+            if schedule.max_rounds is not None and row.rounds >= schedule.max_rounds:
+                row.stop = StopReason.LENGTH  # the evaluation's cap on turns
             return
         # the request stopped with the turn still on (a natural stop id): the author goes on
 
@@ -355,7 +359,7 @@ class VLLMBackend:
         row.context.append(token)
         if token in eos:
             row.stop = StopReason.EOS
-        elif len(row.tokens) >= params.max_new_tokens:
+        elif len(row.tokens) >= params.budget(row.prompt_length):
             row.stop = StopReason.LENGTH
         return row.stop is not None
 

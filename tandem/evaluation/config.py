@@ -94,7 +94,21 @@ def _check_set(problems: list[str], key: str, spec: Any) -> None:
     for name, (ok, rule) in SAMPLING.items():
         if name in spec and not ok(spec[name]):
             problems.append(f"{key}.{name} ({spec[name]!r}) must be {rule}.")
-    unknown = set(spec) - {"source", "split", "limit", "n", "ks", "instruction", *SAMPLING}
+    handoff_n = spec.get("handoff_n")
+    if handoff_n is not None:
+        handoff_ks = spec.get("handoff_ks") or ks
+        if not (_int(handoff_n) and handoff_n > 0):
+            problems.append(f"{key}.handoff_n ({handoff_n!r}) must be a positive integer or null.")
+        elif not all(_int(k) and 1 <= k <= handoff_n for k in handoff_ks):
+            problems.append(
+                f"{key}.handoff_ks ({handoff_ks!r}) must be integers in [1, handoff_n="
+                f"{handoff_n}]. Set {key}.handoff_ks to fit."
+            )
+    limit = spec.get("context_limit")
+    if limit is not None and not (_int(limit) and limit > 8):
+        problems.append(f"{key}.context_limit ({limit!r}) must be an integer > 8, or null.")
+    known = {"source", "split", "limit", "n", "ks", "instruction", "separator", "context_limit"}
+    unknown = set(spec) - {*known, "handoff_n", "handoff_ks", *SAMPLING}
     if unknown:
         problems.append(f"{key} has unknown keys {sorted(unknown)}.")
 

@@ -100,6 +100,7 @@ class Evaluator:
 
     def run_mode(self, eval_set: EvalSet, problems: Problems, mode: str) -> dict[str, float]:
         """One sampling pass (``solo`` or ``handoff``) over the problems: its metrics."""
+        eval_set = eval_set.for_mode(mode)
         metrics = self.metrics(eval_set, mode)
         sampler = self.build_sampler(mode)
         n = eval_set.n

@@ -11,6 +11,7 @@ What this file leaves out: sampling and scoring (``tandem.evaluation.runner``).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,6 +23,10 @@ from tandem.engine import SamplingParams
 from tandem.registry import DATASETS
 
 log = logging.getLogger(__name__)
+
+# tokens the authors' handoff evaluation keeps free below the context (budget = context -
+# prompt - 8, eval/handoff.py)
+CONTEXT_RESERVE = 8
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,11 @@ class EvalSet:
         ks: the k of pass@k (each at most n).
         temperature, top_p, top_k, max_new_tokens: how samples are drawn.
         instruction: appended to each problem (asks for the ``\\boxed{}`` answer).
+        separator: between the problem and the instruction.
+        context_limit: the longest prompt + response; a row's budget is
+            ``min(max_new_tokens, context_limit - prompt - 8)``, the authors' handoff budget
+            (None: ``max_new_tokens``).
+        handoff_n, handoff_ks: ``n`` and ``ks`` of the handoff pass (None: the solo pass's).
     """
 
     name: str
@@ -50,16 +60,30 @@ class EvalSet:
     top_k: int = 0
     max_new_tokens: int = 256
     instruction: str = INSTRUCTION
+    separator: str = "\n"
+    context_limit: int | None = None
+    handoff_n: int | None = None
+    handoff_ks: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ks", tuple(int(k) for k in self.ks))
+        if self.handoff_ks is not None:
+            object.__setattr__(self, "handoff_ks", tuple(int(k) for k in self.handoff_ks))
         assert self.n >= 1, f"eval.{self.name}.n ({self.n}) must be at least 1"
         assert self.ks and max(self.ks) <= self.n, (
             f"eval.{self.name}.ks ({list(self.ks)}) must be non-empty and at most n ({self.n})"
         )
 
+    def for_mode(self, mode: str) -> EvalSet:
+        """The set as one pass sees it: the handoff pass may take its own ``n`` and ``ks``."""
+        if mode != "handoff" or self.handoff_n is None:
+            return self
+        ks = self.handoff_ks if self.handoff_ks is not None else self.ks
+        return dataclasses.replace(self, n=self.handoff_n, ks=ks, handoff_n=None, handoff_ks=None)
+
     def params(self, seed: int) -> SamplingParams:
         """Sampling parameters of one generate call (``n`` samples per prompt)."""
+        limit = None if self.context_limit is None else self.context_limit - CONTEXT_RESERVE
         return SamplingParams(
             max_new_tokens=self.max_new_tokens,
             temperature=self.temperature,
@@ -67,6 +91,7 @@ class EvalSet:
             top_k=self.top_k,
             seed=seed,
             samples_per_prompt=self.n,
+            context_limit=limit,
         )
 
 
@@ -102,10 +127,13 @@ def load_problems(eval_set: EvalSet, tokenizer: Any) -> Problems:
             f"eval set {eval_set.name!r} has no usable problems ({report}). Check its source, "
             "split and column names."
         )
-    return Problems(problems, answers, tokenize(tokenizer, problems, eval_set.instruction), report)
+    ids = tokenize(tokenizer, problems, eval_set.instruction, eval_set.separator)
+    return Problems(problems, answers, ids, report)
 
 
-def tokenize(tokenizer: Any, problems: Sequence[str], instruction: str) -> list[list[int]]:
+def tokenize(
+    tokenizer: Any, problems: Sequence[str], instruction: str, separator: str = "\n"
+) -> list[list[int]]:
     """Chat-formatted prompt ids, exactly as training formats them."""
-    texts = [format_prompt(tokenizer, p, instruction) for p in problems]
+    texts = [format_prompt(tokenizer, p, instruction, separator) for p in problems]
     return tokenizer(texts, add_special_tokens=False)["input_ids"]

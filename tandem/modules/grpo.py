@@ -63,7 +63,7 @@ class TandemGRPO(L.LightningModule):
         generation: sampling parameters (temperature, top_p, top_k, max_new_tokens).
         loss: ``LossConfig`` keyword arguments.
         group_size: rollouts per prompt (G).
-        lr, weight_decay, warmup_steps, max_grad_norm: the optimizer.
+        lr, weight_decay, betas, warmup_steps, max_grad_norm: AdamW and its warmup.
         num_iterations: passes over each batch of rollouts.
         mini_batches: optimizer steps per pass (the rollouts are split into this many slices).
         advantage: ``std`` or ``mean`` group normalisation.
@@ -94,6 +94,7 @@ class TandemGRPO(L.LightningModule):
         group_size: int,
         lr: float = 1e-4,
         weight_decay: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.99),
         warmup_steps: int = 0,
         max_grad_norm: float = 1.0,
         num_iterations: int = 1,
@@ -148,7 +149,7 @@ class TandemGRPO(L.LightningModule):
             self.senior.parameters(),
             lr=self.hparams.lr,
             weight_decay=self.hparams.weight_decay,
-            betas=(0.9, 0.99),
+            betas=tuple(self.hparams.betas),
         )
         warm = max(1, self.hparams.warmup_steps)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm))

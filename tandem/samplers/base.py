@@ -112,6 +112,8 @@ class Sampler:
         self.steps = 0
         self._coin: Tensor | None = None
         self._drawn = torch.zeros(n, dtype=torch.bool, device=device)  # [N] coin used this step
+        #: ``[N]`` bool, rows whose schedule has ended (e.g. a cap on turns); None: never
+        self.done: Tensor | None = None
 
     def propose(self) -> Tensor:
         """``[N]`` who proposes the next token. Draws this step's coins."""

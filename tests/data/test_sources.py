@@ -134,3 +134,20 @@ def test_holdout_splits_a_train_only_set_without_overlap(tmp_path) -> None:
     assert val["problem"] == ["p7", "p8", "p9"]
     with pytest.raises(ValueError, match="leaves no training rows"):
         HFSource("json", data_files=str(path), holdout=10).load("train")
+
+
+def test_seeded_holdout_draws_the_authors_rows(tmp_path) -> None:
+    import pandas as pd
+
+    rows = [{"problem": f"p{i}", "answer": "" if i == 4 else str(i)} for i in range(40)]
+    path = tmp_path / "train.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    source = HFSource("json", data_files=str(path), holdout=5, holdout_seed=0)
+    train, _ = source.load("train")
+    val, report = source.load("validation")
+    # the authors' build: drop rows without an answer, then pandas' sample(n, random_state)
+    usable = pd.DataFrame([r for r in rows if r["answer"]])
+    held = usable.sample(n=5, random_state=0)
+    assert val["problem"] == held["problem"].tolist() and report.kept == 5
+    assert train["problem"] == usable.drop(held.index)["problem"].tolist()
+    assert val["problem"] != [f"p{i}" for i in range(35, 40)], "not simply the last rows"

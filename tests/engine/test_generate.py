@@ -239,3 +239,31 @@ def test_junior_on_another_device(senior, junior, prompts, tokenizer):
     r = generate(senior, far, prompts, WordSampler(tokenizer, seed=1), params)
     assert (r.senior_logprobs - teacher_forced(senior, r)).abs().max() < 1e-4
     assert (r.junior_logprobs - teacher_forced(junior, r)).abs().max() < 1e-3
+
+
+def test_context_limit_shortens_rows_with_long_prompts(senior, prompts, tokenizer):
+    short, long = prompts[0], prompts[1] + prompts[2]  # two prompts of different lengths
+    limit = len(long) + 6
+    params = SamplingParams(max_new_tokens=20, seed=2, eos_token_ids=(), context_limit=limit)
+    r = generate(senior, None, [short, long], None, params, tokenizer=tokenizer)
+    # the authors' shared budget: min(max_new_tokens, context - prompt)
+    assert r.lengths.tolist() == [min(20, limit - len(short)), 6]
+    assert (r.stop_reasons == StopReason.LENGTH).all()
+    assert params.budget(limit + 50) == 1, "a prompt past the limit still gets one token"
+
+
+def test_step_rounds_cap_ends_rows(senior, junior, prompts, tokenizer):
+    params = SamplingParams(max_new_tokens=120, seed=4, samples_per_prompt=2)
+    free = generate(senior, junior, prompts[:4], StepSampler(tokenizer), params)
+    capped = StepSampler(tokenizer, max_rounds=1)
+    cut = generate(senior, junior, prompts[:4], capped, params)
+    prev = torch.cat([free.prompt_tokens[:, -1:], free.tokens[:, :-1]], dim=1)
+    ends = step_end(capped.tables, free.tokens, prev) & free.mask  # [N, T]
+    assert (ends.sum(1) >= 2).any(), "the uncapped rows must hold several steps"
+    for i in range(free.num_rows):
+        n = int(cut.lengths[i])
+        # the same tokens as the uncapped row, up to the end of its first step (or its EOS)
+        assert torch.equal(cut.tokens[i, :n], free.tokens[i, :n])
+        first_end = int(ends[i].nonzero()[0]) + 1 if ends[i].any() else int(free.lengths[i])
+        assert n == first_end
+    assert (cut.authors[cut.mask] == SENIOR).all(), "the junior never got a turn"

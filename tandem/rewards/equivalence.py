@@ -168,7 +168,9 @@ class _Comparer:
     # -- relations ------------------------------------------------------------------------
     def relations(self, r: Relation, g: Relation) -> bool:
         set_r, set_g = relation_as_set(r), relation_as_set(g)
-        if set_r is not None and set_g is not None:
+        # Only in the same variable: ``x = 3`` (a vertical line) is not ``y = 3``.
+        same_variable = _free(r) == _free(g)
+        if set_r is not None and set_g is not None and same_variable:
             return self.sets(set_r, set_g)
         if set(r.ops) == set(g.ops) == {"="}:
             if len(r.terms) != 2 or len(g.terms) != 2:
@@ -253,6 +255,10 @@ def _toward(x: Answer, other: Answer) -> Answer:
     if isinstance(x, Point) and x.may_be_interval and _is_interval_like(other):
         return Interval(x.items[0], x.items[1], False, False)
     return x
+
+
+def _free(rel: Relation) -> set:
+    return set().union(*(t.free_symbols for t in rel.terms))
 
 
 def _letter(x: Answer) -> str | None:

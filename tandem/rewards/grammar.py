@@ -5,11 +5,12 @@ numbers ``2\frac{1}{2}``), ``\frac``/``\sqrt``/``\binom`` with braced or single-
 (``\frac12``, ``\sqrt2``), powers, factorials, functions (``\sin^2 x``, ``\log_2 8``,
 ``sqrt(2)``), implicit multiplication, ``|x|``, floor and ceiling; and structures: tuples, sets,
 intervals and their unions and differences (``\mathbb{R} \setminus \{0\}``), ``matrix``
-environments, equation and inequality chains, ``x \in S``, a tuple of variables assigned a tuple
-(``(x, y) = (0, 1)`` answers ``(0, 1)``), bare lists ``a, b``; and closed forms that evaluate to a
-value: ``\lim_{x \to a}`` (two-sided unless ``a^+``/``a^-``), ``\int_a^b ... dx`` (definite only:
-an indefinite integral has a free constant) and ``\sum_{k=a}^{b}``, evaluated by sympy, whose
-time the worker's deadline bounds. ``i`` is the imaginary unit and ``e`` Euler's number.
+environments, equation and inequality chains, ``x \in S``, a structure given a name
+(``(x, y) = (0, 1)`` answers ``(0, 1)``, ``S = \{1, 2\}`` the set), bare lists ``a, b``; and
+closed forms that evaluate to a value: ``\lim_{x \to a}`` (two-sided unless ``a^+``/``a^-``),
+``\int_a^b ... dx`` (definite only: an indefinite integral has a free constant) and
+``\sum_{k=a}^{b}``, evaluated by sympy, whose time the worker's deadline bounds. ``i`` is the
+imaginary unit and ``e`` Euler's number.
 Every value is built through ``guards``, which size-check powers, factorials, binomials and
 literals *before* sympy evaluates them.
 
@@ -121,7 +122,7 @@ class Parser:
             return terms[0]
         if ops == ["in"]:  # ``x \in [1, 2)`` answers with the set
             return terms[1]
-        if ops == ["="] and _assigns_tuple(terms[0], terms[1]):
+        if ops == ["="] and _assigns_structure(terms[0], terms[1]):
             return terms[1]
         if "in" in ops or not all(isinstance(t, sympy.Expr) for t in terms):
             raise ParseError("a relation between sets")
@@ -519,8 +520,10 @@ def _as_set_part(part: Answer) -> Answer:
     raise ParseError("\\cup and \\setminus join intervals and sets only")
 
 
-def _assigns_tuple(lhs: Answer, rhs: Answer) -> bool:
-    """``(x, y) = (0, 1)``: a tuple of distinct variables on the left, as many values right."""
+def _assigns_structure(lhs: Answer, rhs: Answer) -> bool:
+    """A named value: ``(x, y) = (0, 1)`` (distinct variables, as many values), ``S = \\{1\\}``."""
+    if isinstance(lhs, sympy.Symbol):
+        return not isinstance(rhs, sympy.Expr)  # a set, tuple or interval given a name
     if not (isinstance(lhs, Point) and isinstance(rhs, Point)):
         return False
     names = lhs.items

@@ -57,6 +57,14 @@ class IntervalUnion:
 
 
 @dataclass(frozen=True)
+class SetDifference:
+    """``A \\setminus B``: the set ``whole`` without the set ``removed``."""
+
+    whole: Answer
+    removed: Answer
+
+
+@dataclass(frozen=True)
 class Matrix:
     """A matrix (or vector) written with a ``matrix`` environment, row by row."""
 
@@ -71,13 +79,24 @@ class Relation:
     ops: tuple[str, ...]
 
     def assigned_value(self) -> sympy.Expr | None:
-        """``5`` for ``x = 5`` (or ``5 = x``, ``x = 2y = 5``); ``None`` for anything else."""
+        """The value an equation gives, or ``None`` when it is not an assignment.
+
+        ``5`` for ``x = 5`` (or ``5 = x``, ``x = 2y = 5``), and for ``a + b = 5``, ``abc = 5``:
+        a left side in variables with no constant term names the quantity asked for, and the
+        number on the right is its value. ``x + 1 = 5`` is not an assignment (it is a step
+        before solving for ``x``), nor is ``y = 2x + 3``, whose right side is not a number.
+        """
         if set(self.ops) != {"="}:
             return None
         if isinstance(self.terms[0], sympy.Symbol):
             return self.terms[-1]
-        if len(self.terms) == 2 and isinstance(self.terms[1], sympy.Symbol):
+        if len(self.terms) != 2:
+            return None
+        if isinstance(self.terms[1], sympy.Symbol):
             return self.terms[0]
+        lhs, rhs = self.terms
+        if lhs.free_symbols and not rhs.free_symbols and lhs.as_coeff_Add()[0] == 0:
+            return rhs
         return None
 
 
@@ -86,6 +105,19 @@ class Text:
     """A word answer (a name, a day, ``yes``), lower-cased with spaces removed."""
 
     text: str
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A multiple-choice letter, ``(C)`` or ``\\textbf{(C)}\\ 12``, with the value after it.
+
+    Attributes:
+        letter: the upper-case letter.
+        value: what follows the letter (``12``), or ``None``.
+    """
+
+    letter: str
+    value: Answer | None = None
 
 
 @dataclass(frozen=True)
@@ -101,7 +133,19 @@ class BaseNumber:
 
 
 # A scalar answer is a plain sympy expression; everything else is one of the structures above.
-Answer = sympy.Expr | Point | Bag | Interval | IntervalUnion | Matrix | Relation | Text | BaseNumber
+Answer = (
+    sympy.Expr
+    | Point
+    | Bag
+    | Interval
+    | IntervalUnion
+    | SetDifference
+    | Matrix
+    | Relation
+    | Text
+    | Choice
+    | BaseNumber
+)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,8 @@
 r"""The ``boxed_math`` reward: 1.0 when the last ``\boxed{}`` of a response equals the gold answer.
 
-Per item: strict extraction of the last box (``extract``), then a verdict. Cheap items (no box,
+Per item: strict extraction of the last box, or of the group of boxes that ends the response
+(``extract.final_answer``: boxes that hedge between alternatives score 0 as ``wrong``), then a
+verdict. Cheap items (no box,
 identical text, two plain integers) are decided in this process; the rest go to a pool of worker
 processes (``pool``) where each has a hard deadline, so nothing a model writes can crash or hang a
 training step. Every verdict carries a reason for logging: ``correct``, ``wrong``, ``no_box``,
@@ -18,9 +20,9 @@ from typing import Any
 
 from tandem.registry import REWARDS
 from tandem.rewards.base import Reward, check_aligned
-from tandem.rewards.extract import extract_boxed
+from tandem.rewards.extract import final_answer
 from tandem.rewards.pool import VerifierPool
-from tandem.rewards.verify import NO_BOX, REASONS, Verdict, quick_verdict
+from tandem.rewards.verify import NO_BOX, REASONS, WRONG, Verdict, quick_verdict
 
 
 @REWARDS.register("boxed_math")
@@ -71,14 +73,16 @@ class BoxedMathReward(Reward):
         verdicts: list[Verdict | None] = [None] * len(responses)
         pending: list[tuple[int, str, str]] = []
         for i, (response, gold) in enumerate(zip(responses, golds, strict=True)):
-            content = extract_boxed(response) if isinstance(response, str) else None
+            final = final_answer(response) if isinstance(response, str) else None
             gold = str(gold)
-            if content is None:
+            if final is None:
                 verdicts[i] = NO_BOX
-            elif (quick := quick_verdict(content, gold)) is not None:
+            elif final.hedged:
+                verdicts[i] = WRONG
+            elif (quick := quick_verdict(final.content, gold)) is not None:
                 verdicts[i] = quick
             else:
-                pending.append((i, content, gold))
+                pending.append((i, final.content, gold))
         if pending:
             pooled = self._get_pool().run([(content, gold) for _, content, gold in pending])
             for (i, _, _), verdict in zip(pending, pooled, strict=True):

@@ -1,4 +1,4 @@
-"""Whether a parsed response and a parsed gold answer are the same mathematical object.
+r"""Whether a parsed response and a parsed gold answer are the same mathematical object.
 
 Numbers: exact rationals compare exactly; other numbers are evaluated to 60 digits and compared
 with a *relative* tolerance, so 1/2^98 and 1/2^99 stay different. The tolerance is ``rel_tol``
@@ -9,8 +9,11 @@ testing, which also catches branch differences such as ``sqrt(x^2)`` vs ``x``), 
 ``sympy.simplify`` as the fallback when the probes are undefined.
 Structures: tuples ordered, sets and bare lists unordered, intervals by ends and bracket types
 (unions in any order, after sympy's canonical merge), matrices elementwise, equations up to a
-non-zero factor, inequalities up to a positive one; ``x = 5`` answers ``5``; a one-variable
-inequality answers an interval.
+non-zero factor, inequalities up to a positive one; ``x = 5`` answers ``5``, and so does
+``a + b = 5`` (``Relation.assigned_value``); a one-variable inequality answers an interval, and
+``\mathbb{R} \setminus \{0\}``, ``(-\infty, 0) \cup (0, \infty)`` and ``x \ne 0`` are one set.
+Multiple choice: letters compare without case (``c`` answers ``(C)``), and ``(C)\ 12`` answers
+either ``C`` or ``12``. Text answers compare without case or spaces.
 
 What this file leaves out: parsing, and the time limit (a comparison may be slow; the worker pool
 bounds it).
@@ -28,12 +31,14 @@ from tandem.rewards.answer import (
     Answer,
     Bag,
     BaseNumber,
+    Choice,
     Interval,
     IntervalUnion,
     Matrix,
     Parsed,
     Point,
     Relation,
+    SetDifference,
     Text,
 )
 
@@ -80,6 +85,8 @@ class _Comparer:
         self.rel_tol = rel_tol
 
     def match(self, r: Answer, g: Answer) -> bool:
+        if isinstance(r, Choice) or isinstance(g, Choice):
+            return self.choices(r, g)
         r, g = _unify(r, g)
         if isinstance(r, sympy.Expr) and isinstance(g, sympy.Expr):
             return self.scalars(r, g)
@@ -111,6 +118,17 @@ class _Comparer:
                 return False
             unused.pop(hit)
         return True
+
+    def choices(self, r: Answer, g: Answer) -> bool:
+        """Two letters match without case; a letter's value may answer a value."""
+        letter_r, letter_g = _letter(r), _letter(g)
+        if letter_r is not None and letter_g is not None:
+            return letter_r == letter_g
+        if isinstance(r, Choice) and r.value is not None and not isinstance(g, Choice):
+            return self.match(r.value, g)
+        if isinstance(g, Choice) and g.value is not None and not isinstance(r, Choice):
+            return self.match(r, g.value)
+        return False
 
     # -- scalars --------------------------------------------------------------------------
     def scalars(self, a: sympy.Expr, b: sympy.Expr) -> bool:
@@ -150,7 +168,9 @@ class _Comparer:
     # -- relations ------------------------------------------------------------------------
     def relations(self, r: Relation, g: Relation) -> bool:
         set_r, set_g = relation_as_set(r), relation_as_set(g)
-        if set_r is not None and set_g is not None:
+        # Only in the same variable: ``x = 3`` (a vertical line) is not ``y = 3``.
+        same_variable = _free(r) == _free(g)
+        if set_r is not None and set_g is not None and same_variable:
             return self.sets(set_r, set_g)
         if set(r.ops) == set(g.ops) == {"="}:
             if len(r.terms) != 2 or len(g.terms) != 2:
@@ -224,7 +244,7 @@ def _unify(r: Answer, g: Answer) -> tuple[Answer, Answer]:
 
 def _toward(x: Answer, other: Answer) -> Answer:
     if isinstance(x, Relation) and not isinstance(other, Relation):
-        if isinstance(other, (Interval, IntervalUnion)) or (
+        if isinstance(other, (Interval, IntervalUnion, SetDifference)) or (
             isinstance(other, Bag) and other.braced
         ):
             return x
@@ -237,15 +257,28 @@ def _toward(x: Answer, other: Answer) -> Answer:
     return x
 
 
+def _free(rel: Relation) -> set:
+    return set().union(*(t.free_symbols for t in rel.terms))
+
+
+def _letter(x: Answer) -> str | None:
+    """The upper-case choice letter ``x`` stands for: a ``Choice``, or one letter a-e alone."""
+    if isinstance(x, Choice):
+        return x.letter
+    if isinstance(x, sympy.Symbol) and len(x.name) == 1 and x.name.upper() in "ABCDE":
+        return x.name.upper()
+    return None
+
+
 def _is_interval_like(x: Answer) -> bool:
     if isinstance(x, Relation):
         return relation_as_set(x) is not None
-    return isinstance(x, (Interval, IntervalUnion))
+    return isinstance(x, (Interval, IntervalUnion, SetDifference))
 
 
 def _is_set_like(r: Answer, g: Answer) -> bool:
     """An interval (or a one-variable relation) on one side, a set-like answer on the other."""
-    kinds = (Interval, IntervalUnion, Relation)
+    kinds = (Interval, IntervalUnion, SetDifference, Relation)
     if not (isinstance(r, kinds) or isinstance(g, kinds)):
         return False
     return all(isinstance(x, kinds) or (isinstance(x, Bag) and x.braced) for x in (r, g))
@@ -260,6 +293,11 @@ def _as_sympy_set(x: Answer) -> sympy.Set | None:
             return None if any(p is None for p in parts) else sympy.Union(*parts)
         if isinstance(x, Bag) and all(isinstance(i, sympy.Expr) for i in x.items):
             return sympy.FiniteSet(*x.items)
+        if isinstance(x, SetDifference):
+            whole, removed = _as_sympy_set(x.whole), _as_sympy_set(x.removed)
+            if whole is None or removed is None:
+                return None
+            return sympy.Complement(whole, removed)
         if isinstance(x, Relation):
             return relation_as_set(x)
     except (TypeError, ValueError):

@@ -4,8 +4,13 @@ Covers numbers (decimals, repeating decimals ``0.\overline{3}``, scientific nota
 numbers ``2\frac{1}{2}``), ``\frac``/``\sqrt``/``\binom`` with braced or single-token arguments
 (``\frac12``, ``\sqrt2``), powers, factorials, functions (``\sin^2 x``, ``\log_2 8``,
 ``sqrt(2)``), implicit multiplication, ``|x|``, floor and ceiling; and structures: tuples, sets,
-intervals and their unions, ``matrix`` environments, equation and inequality chains,
-``x \in S``, bare lists ``a, b``. ``i`` is the imaginary unit and ``e`` Euler's number.
+intervals and their unions and differences (``\mathbb{R} \setminus \{0\}``), ``matrix``
+environments, equation and inequality chains, ``x \in S``, a structure given a name
+(``(x, y) = (0, 1)`` answers ``(0, 1)``, ``S = \{1, 2\}`` the set), bare lists ``a, b``; and
+closed forms that evaluate to a value: ``\lim_{x \to a}`` (two-sided unless ``a^+``/``a^-``),
+``\int_a^b ... dx`` (definite only: an indefinite integral has a free constant) and
+``\sum_{k=a}^{b}``, evaluated by sympy, whose time the worker's deadline bounds. ``i`` is the
+imaginary unit and ``e`` Euler's number.
 Every value is built through ``guards``, which size-check powers, factorials, binomials and
 literals *before* sympy evaluates them.
 
@@ -31,6 +36,7 @@ from tandem.rewards.answer import (
     Point,
     Refused,
     Relation,
+    SetDifference,
 )
 from tandem.rewards.tokens import Token
 
@@ -116,18 +122,24 @@ class Parser:
             return terms[0]
         if ops == ["in"]:  # ``x \in [1, 2)`` answers with the set
             return terms[1]
+        if ops == ["="] and _assigns_structure(terms[0], terms[1]):
+            return terms[1]
         if "in" in ops or not all(isinstance(t, sympy.Expr) for t in terms):
             raise ParseError("a relation between sets")
         return Relation(tuple(terms), tuple(ops))
 
     def union(self) -> Answer:
-        parts = [self.additive()]
-        while self.at("op", "cup"):
-            self.take()
-            parts.append(self.additive())
-        if len(parts) == 1:
-            return parts[0]
-        return IntervalUnion(tuple(_as_set_part(p) for p in parts))
+        value = self.additive()
+        while self.at("op", "cup", "setminus"):
+            op = self.take().text
+            rhs = _as_set_part(self.additive())
+            if op == "setminus":
+                value = SetDifference(_as_set_part(value), rhs)
+            elif isinstance(value, IntervalUnion):
+                value = IntervalUnion((*value.parts, rhs))
+            else:
+                value = IntervalUnion((_as_set_part(value), rhs))
+        return value
 
     # -- arithmetic -----------------------------------------------------------------------
     def additive(self) -> Answer:
@@ -186,7 +198,8 @@ class Parser:
         if t.kind in ("num", "var", "fn", "const"):
             return True
         if t.kind == "cmd":
-            return t.text in ("frac", "sqrt", "binom", "lfloor", "lceil", "begin")
+            return t.text in ("frac", "sqrt", "binom", "lfloor", "lceil", "begin", "lim", "int",
+                              "sum")  # fmt: skip
         return t.kind == "op" and (t.text in ("(", "{") or (t.text == "|" and not self.abs_depth))
 
     # -- atoms ----------------------------------------------------------------------------
@@ -270,7 +283,11 @@ class Parser:
     def function_argument(self) -> Answer:
         if self.at("op", "(", "{"):
             return self.primary()
-        value = self.factor()  # ``\sin 2x`` reads as sin(2x): the run of implicit products
+        return self.operand()
+
+    def operand(self) -> Answer:
+        """A factor and the run of implicit products after it: ``\\sin 2x`` reads as sin(2x)."""
+        value = self.factor()
         while self.starts_primary() and not self.at("fn"):
             value = guards.mul(value, self.factor())
         return value
@@ -294,7 +311,103 @@ class Parser:
             return self.delimited(sympy.ceiling, "rceil")
         if name == "begin":
             return self.matrix()
+        if name == "lim":
+            return self.limit()
+        if name == "int":
+            return self.integral()
+        if name == "sum":
+            return self.summation()
         raise ParseError(f"\\{name} cannot start a value")
+
+    # -- closed forms -----------------------------------------------------------------------
+    def limit(self) -> Answer:
+        """``\\lim_{x \\to a} f``; ``a^+``/``a^-`` is one-sided."""
+        self.expect("op", "_")
+        self.expect("op", "{")
+        var = self.bound_variable()
+        self.expect("op", "to")
+        close = self.closing_brace()
+        direction = "+-"
+        if close - self.pos >= 3 and [t.text for t in self.toks[close - 2 : close]] in (
+            ["^", "+"], ["^", "-"],
+        ):  # fmt: skip
+            direction = self.toks[close - 1].text
+            target = self.sub_parse(close - 2)
+            self.pos = close
+        else:
+            target = self.sub_parse(close)
+        self.expect("op", "}")
+        body = self.operand()  # ``(1 + 1/n)^n``: the power belongs to the limit's body
+        return guards.apply(lambda f, a: sympy.limit(f, var, a, direction), body, target)
+
+    def integral(self) -> Answer:
+        """``\\int_a^b f \\, dx``, definite only."""
+        if not self.at("op", "_"):
+            raise ParseError("an indefinite integral has no single value")
+        self.take()
+        lo = self.argument()
+        self.expect("op", "^")
+        hi = self.argument()
+        end = self.differential()
+        body = self.sub_parse(end)
+        self.pos = end + 1
+        var = self.bound_variable()
+        return guards.apply(lambda f, a, b: sympy.integrate(f, (var, a, b)), body, lo, hi)
+
+    def summation(self) -> Answer:
+        """``\\sum_{k=a}^{b} f``."""
+        self.expect("op", "_")
+        self.expect("op", "{")
+        var = self.bound_variable()
+        self.expect("op", "=")
+        lo = self.additive()
+        self.expect("op", "}")
+        self.expect("op", "^")
+        hi = self.argument()
+        body = self.operand()
+        return guards.apply(lambda f, a, b: sympy.summation(f, (var, a, b)), body, lo, hi)
+
+    def bound_variable(self) -> sympy.Symbol:
+        t = self.take()
+        if t.kind != "var":
+            raise ParseError(f"expected a variable, found {t.text!r}")
+        return sympy.Symbol(t.text)
+
+    def closing_brace(self) -> int:
+        """Index of the ``}`` that closes the group the parser is in."""
+        depth = 0
+        for i in range(self.pos, len(self.toks)):
+            text = self.toks[i].text if self.toks[i].kind == "op" else ""
+            depth += text == "{"
+            if text == "}":
+                if depth == 0:
+                    return i
+                depth -= 1
+        raise ParseError("unclosed '{'")
+
+    def differential(self) -> int:
+        """Index of the ``d`` of the ``dx`` that ends an integrand, outside any bracket."""
+        depth = 0
+        for i in range(self.pos, len(self.toks) - 1):
+            t = self.toks[i]
+            if t.kind == "op" and t.text in ("(", "[", "{"):
+                depth += 1
+            elif t.kind == "op" and t.text in (")", "]", "}"):
+                depth -= 1
+            elif depth == 0 and t == Token("var", "d") and self.toks[i + 1].kind == "var":
+                return i
+        raise ParseError("an integral without its 'dx'")
+
+    def sub_parse(self, end: int) -> Answer:
+        """Parse the tokens from here to ``end`` (exclusive) as one value; move to ``end``."""
+        inner = Parser(self.toks[self.pos : end])
+        inner.depth = self.depth
+        value = inner.additive()
+        if inner.peek() is not None:
+            raise ParseError(f"unexpected {inner.peek().text!r}")
+        self.inexact |= inner.inexact
+        self.pos = end
+        return value
 
     def delimited(self, fn: Callable[..., Any], closer: str, inside_abs: bool = False) -> Answer:
         self.abs_depth += inside_abs
@@ -402,9 +515,23 @@ def _interval(lo: Answer, hi: Answer, left_closed: bool, right_closed: bool) -> 
 def _as_set_part(part: Answer) -> Answer:
     if isinstance(part, Point) and part.may_be_interval:
         return _interval(part.items[0], part.items[1], False, False)
-    if isinstance(part, (Interval, Bag, IntervalUnion)):
+    if isinstance(part, (Interval, Bag, IntervalUnion, SetDifference)):
         return part
-    raise ParseError("\\cup joins intervals and sets only")
+    raise ParseError("\\cup and \\setminus join intervals and sets only")
+
+
+def _assigns_structure(lhs: Answer, rhs: Answer) -> bool:
+    """A named value: ``(x, y) = (0, 1)`` (distinct variables, as many values), ``S = \\{1\\}``."""
+    if isinstance(lhs, sympy.Symbol):
+        return not isinstance(rhs, sympy.Expr)  # a set, tuple or interval given a name
+    if not (isinstance(lhs, Point) and isinstance(rhs, Point)):
+        return False
+    names = lhs.items
+    return (
+        len(names) == len(rhs.items)
+        and all(isinstance(n, sympy.Symbol) for n in names)
+        and len(set(names)) == len(names)
+    )
 
 
 def _special_set(name: str) -> Answer:

@@ -114,7 +114,7 @@ def apply(fn: Callable[..., Any], *args: Any) -> sympy.Expr:
     values = [scalar(a) for a in args]
     try:
         return fn(*values)
-    except (TypeError, ValueError, ArithmeticError, AttributeError) as err:
+    except (TypeError, ValueError, ArithmeticError, AttributeError, NotImplementedError) as err:
         raise ParseError(f"{getattr(fn, '__name__', fn)} failed: {err}") from err
 
 

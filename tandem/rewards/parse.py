@@ -1,9 +1,15 @@
 r"""Parse one answer, LaTeX or plain text, into a ``Parsed`` answer.
 
 The steps: normalise the text (``normalize``); recognise whole-answer forms that are not grammar
-(a number in another base such as ``1011_2``, a text answer such as ``\text{Tuesday}``, a
-function name ``f(x) = ...`` on the left); tokenize; expand ``\pm`` into its two answers; run the
-grammar (``grammar``).
+(a number in another base such as ``1011_2``, a multiple-choice letter ``(C)`` or ``C``, a number
+in words such as ``three`` or ``Twenty-one``, ``yes``/``no``, a text answer such as
+``\text{Tuesday}``, a function name ``f(x) = ...`` on the left); tokenize; expand ``\pm`` into its
+two answers; run the grammar (``grammar``).
+
+Words and letter case: a text answer is compared lower-cased (``\text{No}`` answers ``no``), a
+number word is that integer (``three`` answers ``3``; only whole words from zero to ninety-nine,
+and hundred, thousand and million alone), and a choice letter is read only in capitals or in
+parentheses (a bare ``c`` is a variable, which matches the choice ``C`` but no other letter).
 
 What this file leaves out: comparison (``equivalence``) and time limits (``pool``).
 """
@@ -12,12 +18,31 @@ from __future__ import annotations
 
 import re
 
-from tandem.rewards.answer import Bag, BaseNumber, Parsed, ParseError, Text
+import sympy
+
+from tandem.rewards.answer import Bag, BaseNumber, Choice, Parsed, ParseError, Text
 from tandem.rewards.grammar import Parser
 from tandem.rewards.normalize import normalize
 from tandem.rewards.tokens import Token, tokenize
 
 _BASED = re.compile(r"^\(?([0-9A-Za-z]+)\)?_\{?\(?(\d{1,2})\)?\}?$")
+# ``C``, ``(C)``, ``(c)``, and ``(C) 12`` / ``(C)\ 12`` with the choice's value after it.
+_CHOICE = re.compile(r"^(?:([A-E])|\(([A-Ea-e])\)(?:\s*(?P<value>\S.*))?)$")
+_UNITS = [
+    "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
+    "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen",
+    "nineteen",
+]  # fmt: skip
+_TENS = ["twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
+_NUMBER_WORDS = {
+    **{w: n for n, w in enumerate(_UNITS)},
+    **{w: 10 * (n + 2) for n, w in enumerate(_TENS)},
+    **{f"{t}-{u}": 10 * (n + 2) + k for n, t in enumerate(_TENS) for k, u in enumerate(_UNITS)
+       if 0 < k < 10},
+    "hundred": 100, "thousand": 1000, "million": 10**6,
+}  # fmt: skip
+# Two-letter words that tokenize as a product of two variables unless caught first.
+_SHORT_WORDS = frozenset(("no",))
 
 
 def parse_answer(text: str) -> Parsed:
@@ -34,6 +59,14 @@ def parse_answer(text: str) -> Parsed:
     based = _BASED.match(re.sub(r"\s", "", source))
     if based and _valid_base(based.group(1), int(based.group(2))):
         return Parsed(BaseNumber(based.group(1).upper(), int(based.group(2))), source)
+    choice = _CHOICE.match(source)
+    if choice:
+        return Parsed(_choice(choice), source, norm.percent)
+    word = re.sub(r"\s+", " ", source).strip().lower()
+    if word in _NUMBER_WORDS:
+        return Parsed(sympy.Integer(_NUMBER_WORDS[word]), source)
+    if word in _SHORT_WORDS:
+        return Parsed(Text(word), source)
     tokens = _function_name_lhs(tokenize(source))
     if any(t.kind == "word" for t in tokens):
         return Parsed(Text(re.sub(r"[\s{}\\]", "", source).lower()), source, norm.percent)
@@ -48,6 +81,18 @@ def parse_answer(text: str) -> Parsed:
         branches.append(parser.parse())
         inexact |= parser.inexact
     return Parsed(Bag(tuple(branches)), source, norm.percent, inexact)
+
+
+def _choice(match: re.Match[str]) -> Choice:
+    """The letter, and the value after it where it parses (else the letter alone)."""
+    letter = (match.group(1) or match.group(2)).upper()
+    value = None
+    if match.group("value"):
+        try:
+            value = parse_answer(match.group("value")).value
+        except ParseError:
+            value = None
+    return Choice(letter, value)
 
 
 def _valid_base(digits: str, base: int) -> bool:

@@ -57,7 +57,10 @@ _NAMED = {
     "cdot": Token("op", "*"), "times": Token("op", "*"), "div": Token("op", "/"),
     "le": Token("op", "<="), "ge": Token("op", ">="), "ne": Token("op", "!="),
     "cup": Token("op", "cup"), "in": Token("op", "in"), "pm": Token("op", "pm"),
-    "mp": Token("op", "mp"),
+    "mp": Token("op", "mp"), "setminus": Token("op", "setminus"),
+    "backslash": Token("op", "setminus"), "to": Token("op", "to"),
+    "rightarrow": Token("op", "to"), "lim": Token("cmd", "lim"), "int": Token("cmd", "int"),
+    "sum": Token("cmd", "sum"),
 }  # fmt: skip
 # Plain-text names that may start a longer word (``sqrt2``, ``sinx``), longest first.
 _PLAIN_PREFIXES = sorted(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import itertools
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,7 @@ from tandem.evaluate import run
 from tandem.evaluation.config import validate_eval_config
 from tandem.evaluation.models import senior_base
 from tandem.evaluation.records import read_records
+from tandem.evaluation.results import macro_average
 from tandem.modules.models import load_causal_lm
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
@@ -121,11 +123,29 @@ def test_records_hold_every_generation(base_vs_itself) -> None:
     sampled = torch.tensor([x for r in solo for x in r["senior_logprobs"]])
     forced = torch.tensor([x for r in solo for x in r["junior_logprobs"]])
     torch.testing.assert_close(forced, sampled, atol=2e-4, rtol=1e-4)
-    ce = results["sets"]["tiny"]["legibility/junior_ce"]
-    assert ce == pytest.approx(-float(sampled.mean()), rel=1e-4)
+    # the paper's junior CE: each CoT's mean NLL, then the mean over CoTs; the pooled one
+    # weighs every token the same
+    table = results["sets"]["tiny"]
+    per_cot = [-sum(r["senior_logprobs"]) / r["length"] for r in solo]
+    assert table["legibility/junior_ce"] == pytest.approx(sum(per_cot) / len(per_cot), rel=1e-4)
+    assert table["legibility/junior_ce_pooled"] == pytest.approx(-float(sampled.mean()), rel=1e-4)
+    assert abs(table["legibility/junior_ce"] - table["legibility/junior_ce_pooled"]) > 1e-4
     rows = list(csv.DictReader((out / "results.csv").open()))
     assert [r["set"] for r in rows] == ["tiny", "macro"]
     assert json.loads((out / "results.json").read_text())["junior"] == "tiny"
+
+
+def test_macro_average_weighs_every_set_the_same() -> None:
+    tables = {
+        "aime24": {"solo/pass@1": 0.2, "legibility/junior_ce": 0.3},
+        # a big set counts once too; a NaN is left out, not averaged in
+        "minerva": {"solo/pass@1": 0.6, "legibility/junior_ce": math.nan, "handoff/pass@1": 0.5},
+    }
+    macro = macro_average(tables)
+    assert macro.keys() == {"solo/pass@1", "legibility/junior_ce", "handoff/pass@1"}
+    assert macro["solo/pass@1"] == pytest.approx(0.4)
+    assert macro["legibility/junior_ce"] == pytest.approx(0.3)
+    assert macro["handoff/pass@1"] == pytest.approx(0.5)
 
 
 def test_local_file_set_reports_unusable_rows_and_macro_averages(tmp_path: Path) -> None:
@@ -159,7 +179,7 @@ def test_local_file_set_reports_unusable_rows_and_macro_averages(tmp_path: Path)
     assert report["reasons"] == {"empty answer": 1, "missing answer": 1}
     assert report["example"]["question"].startswith("Ben")
     sets, macro = results["sets"], results["macro"]
-    for key in ("solo/response_length", "drift/kl"):
+    for key in ("solo/response_length", "drift/kl", "solo/pass@2", "legibility/junior_ce"):
         assert macro[key] == pytest.approx((sets["tiny"][key] + sets["local"][key]) / 2)
     assert "handoff/pass@1" not in macro
 

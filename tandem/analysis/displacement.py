@@ -10,15 +10,23 @@ negligible probability (1e-12 -> 1e-9 is a large log shift that changes no sampl
 
 - the top N displaced items: the N largest ``|pbar_grpo - pbar_base|``;
 - pulled back: the share of those N with ``|pbar_trl - pbar_base| < |pbar_grpo - pbar_base|``;
-- Spearman correlation of the two shifts (``grpo - base`` against ``trl - base``), over the top
-  N items (``spearman_top``: do the two methods move the displaced items the same way?) and
-  over the whole vocabulary (``spearman_all``), both reported. Ranks average over ties.
+- the paper's Spearman correlation (``pullback_rho``, with its two-sided p-value
+  ``pullback_p`` and the number of items ``pullback_n``), over the top N items, of GRPO's
+  displacement from the base (``grpo - base``) against Tandem's shift relative to GRPO
+  (``trl - grpo``). Negative: the more GRPO moved an item one way, the more Tandem moves it
+  back the other way. It says how the pulled-back share comes about; the share says how many;
+- Spearman correlation of the two shifts from the base (``grpo - base`` against
+  ``trl - base``), over the top N items (``spearman_top``: do the two methods move the
+  displaced items the same way?) and over the whole vocabulary (``spearman_all``).
+
+Every Spearman correlation is ``scipy.stats.spearmanr``'s (ranks average over ties).
 
 What this file leaves out: sampling the texts (``tandem.evaluate``) and plotting.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +46,10 @@ class Displacement:
         token_ids: the N items GRPO moved most, most moved first.
         base, grpo, trl: each model's mean probability of every vocabulary item.
         pulled_back: share of the N items TRL left closer to the base than GRPO did.
+        pullback_rho: Spearman correlation over the N items of ``grpo - base`` against
+            ``trl - grpo`` (the paper's; negative: TRL moves them back).
+        pullback_p: its two-sided p-value (no correlation as the null).
+        pullback_n: the items it is computed over.
         spearman_top: Spearman correlation of the two shifts over the N items.
         spearman_all: the same over the whole vocabulary.
         positions: response positions averaged over.
@@ -48,6 +60,9 @@ class Displacement:
     grpo: Tensor  # [V] float64
     trl: Tensor  # [V] float64
     pulled_back: float
+    pullback_rho: float
+    pullback_p: float
+    pullback_n: int
     spearman_top: float
     spearman_all: float
     positions: int
@@ -118,12 +133,16 @@ def displacement(
     grpo_shift, trl_shift = grpo - base, trl - base  # [V]
     order = grpo_shift.abs().argsort(descending=True, stable=True)[:top]  # [N]
     closer = trl_shift[order].abs() < grpo_shift[order].abs()  # [N]
+    rho, p = spearman_test(grpo_shift[order], (trl - grpo)[order])
     return Displacement(
         token_ids=order,
         base=base,
         grpo=grpo,
         trl=trl,
         pulled_back=float(closer.double().mean()),
+        pullback_rho=rho,
+        pullback_p=p,
+        pullback_n=int(order.numel()),
         spearman_top=spearman(grpo_shift[order], trl_shift[order]),
         spearman_all=spearman(grpo_shift, trl_shift),
         positions=positions,
@@ -164,18 +183,22 @@ def records_to_tensors(records: Iterable[dict[str, Any]], pad: int = 0) -> tuple
     return prompt_tokens, prompt_mask, tokens, mask
 
 
-def ranks(x: Tensor) -> Tensor:
-    """1-based ranks of ``x [n]``, ties sharing their average rank (float64)."""
-    _, inverse, counts = torch.unique(x, sorted=True, return_inverse=True, return_counts=True)
-    ends = counts.cumsum(0).double()  # [u] last rank of each distinct value
-    average = ends - (counts.double() - 1) / 2  # [u]
-    return average[inverse]
-
-
 def spearman(x: Tensor, y: Tensor) -> float:
     """Spearman's rank correlation (NaN when either input is constant)."""
-    assert x.shape == y.shape and x.dim() == 1, "spearman takes two [n] vectors"
-    rx, ry = ranks(x.double()), ranks(y.double())
-    rx, ry = rx - rx.mean(), ry - ry.mean()
-    denominator = (rx.square().sum() * ry.square().sum()).sqrt()
-    return float((rx * ry).sum() / denominator)
+    return spearman_test(x, y)[0]
+
+
+def spearman_test(x: Tensor, y: Tensor) -> tuple[float, float]:
+    """Spearman's rho of ``x, y [n]`` and its two-sided p-value (``scipy.stats.spearmanr``).
+
+    Ranks average over ties. NaN for both when there are fewer than 2 pairs or either input is
+    constant: there is no ranking to correlate, and scipy would only warn and say the same. Two
+    pairs give a rho of +-1 and a NaN p-value.
+    """
+    from scipy import stats
+
+    assert x.shape == y.shape and x.dim() == 1, "spearman_test takes two [n] vectors"
+    if x.numel() < 2 or bool((x == x[0]).all()) or bool((y == y[0]).all()):
+        return math.nan, math.nan
+    result = stats.spearmanr(x.double().cpu().numpy(), y.double().cpu().numpy())
+    return float(result.statistic), float(result.pvalue)

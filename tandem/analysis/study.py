@@ -5,7 +5,9 @@ Reads every finished run under a sweep folder (``multirun/tiny_world`` by defaul
 the base once with ``tandem.evaluate`` (skipping evaluations already on disk, so an interrupted
 study resumes), runs the displacement analysis per seed, and writes a Markdown page with one
 table per claim: each arm's mean and 95% t-interval over seeds, the paper's figure beside it,
-and a sentence on whether the direction reproduces.
+and a verdict per metric (``tandem.analysis.claims``: a directional claim reproduces when the
+interval of the difference is clear of zero the paper's way; "on par" is an equivalence test
+within ``--margin``).
 
 The claims (Tandem RL, ``trl``, against vanilla GRPO, ``grpo``, and GRPO with a KL penalty
 toward the junior, ``kl_reg``):
@@ -13,7 +15,8 @@ toward the junior, ``kl_reg``):
 1. solo accuracy on par with GRPO;
 2. better accuracy when the senior hands off to the junior under the reasoning-step schedule;
 3. lower drift from the base (KL per token), and most of the tokens GRPO displaced most pulled
-   back toward the base;
+   back toward the base (the share, and the Spearman correlation of GRPO's displacement with
+   Tandem RL's shift from GRPO);
 4. higher legibility to the junior (lower junior cross-entropy, higher overlap).
 
 A run is finished when its exported senior (``<run>/senior/config.json``) exists; the exported
@@ -39,6 +42,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from tandem.analysis.claims import CLAIMS, MARGIN, Claim, seed_tests, t_interval, verdict
 from tandem.provenance import run_commits, source_commit
 
 log = logging.getLogger(__name__)
@@ -119,33 +123,6 @@ def evaluate(senior: str, out: Path, overrides: Sequence[str] = ()) -> dict[str,
     return json.loads(done.read_text())
 
 
-def t_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
-    """Mean and the two ends of the Student-t interval of the mean (NaN ends for one value)."""
-    from scipy import stats
-
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
-        return mean, math.nan, math.nan
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    half = stats.t.ppf(0.5 + level / 2, n - 1) * sd / math.sqrt(n)
-    return mean, mean - half, mean + half
-
-
-def difference_interval(
-    a: Sequence[float], b: Sequence[float], level: float = 0.95
-) -> tuple[float, float, float]:
-    """Mean of ``a`` minus mean of ``b`` with Welch's t-interval."""
-    from scipy import stats
-
-    if len(a) < 2 or len(b) < 2:
-        diff = sum(a) / len(a) - sum(b) / len(b)
-        return diff, math.nan, math.nan
-    result = stats.ttest_ind(a, b, equal_var=False)
-    ci = result.confidence_interval(level)
-    return sum(a) / len(a) - sum(b) / len(b), float(ci.low), float(ci.high)
-
-
 def displacement_for_seed(
     base: str, grpo: Run, others: Sequence[Run], texts: Path, top: int = 500
 ) -> dict[Path, dict[str, float]]:
@@ -177,6 +154,9 @@ def displacement_for_seed(
         result = displacement(base_means, grpo_means, run_means, top, count)
         found[run.path] = {
             "pulled_back": result.pulled_back,
+            "pullback_rho": result.pullback_rho,
+            "pullback_p": result.pullback_p,
+            "pullback_n": result.pullback_n,
             "spearman_top": result.spearman_top,
             "spearman_all": result.spearman_all,
         }
@@ -208,7 +188,7 @@ def collect(
     cache = "eval/displacement.json"
     for seed, grpo in sorted(grpo_by_seed.items()):
         others = [r for r in runs if r.seed == seed and r.arm != "grpo"]
-        pending = [r for r in others if not (r.path / cache).is_file()]
+        pending = [r for r in others if not _cached(r.path / cache)]
         if pending:
             texts = grpo.path / "eval" / "generations" / f"{CLAIM_SET}.jsonl"
             for folder, found in displacement_for_seed(base, grpo, pending, texts).items():
@@ -217,6 +197,12 @@ def collect(
             for key, value in json.loads((run.path / cache).read_text()).items():
                 values.setdefault(run.arm, {}).setdefault(key, []).append(value)
     return values, flatten(base_results), runs
+
+
+def _cached(path: Path) -> bool:
+    """A displacement result on disk that has every field the page reads (older ones lack the
+    pull-back correlation and are redone)."""
+    return path.is_file() and "pullback_rho" in json.loads(path.read_text())
 
 
 def flatten(results: dict[str, Any]) -> dict[str, float]:
@@ -229,56 +215,6 @@ def flatten(results: dict[str, Any]) -> dict[str, float]:
 
 
 # -- the page ----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Claim:
-    """One of the paper's claims: its metrics, which way is better, and how to judge it."""
-
-    title: str
-    paper: str
-    metrics: tuple[str, ...]
-    # True: the paper claims no difference; False: that Tandem RL is better
-    on_par: bool
-
-
-CLAIMS = (
-    Claim(
-        "1. Solo accuracy on par with GRPO",
-        "Tandem RL's solo pass@k matches GRPO's on AMC, AIME and Minerva.",
-        ("solo/pass@1", "solo/pass@8"),
-        True,
-    ),
-    Claim(
-        "2. Better accuracy when handing off to the junior (reasoning-step schedule)",
-        "Paired with the junior under the step schedule, Tandem RL's senior scores higher "
-        "than GRPO's.",
-        ("handoff/pass@1", "handoff/pass@8"),
-        False,
-    ),
-    Claim(
-        "3. Lower drift from the base",
-        "KL(senior || base) per token 0.022 (Tandem RL) vs 0.026 (GRPO); 87% of the 500 tokens "
-        "GRPO displaced most move back toward the base.",
-        ("drift/kl", "pulled_back"),
-        False,
-    ),
-    Claim(
-        "4. Higher legibility to the junior",
-        "Junior cross-entropy 0.122 vs 0.132 nats per token; overlap 0.973 vs 0.960.",
-        ("legibility/junior_ce", "legibility/overlap"),
-        False,
-    ),
-)
-# metrics where higher is better (for the others, lower is)
-HIGHER_IS_BETTER = {
-    "solo/pass@1",
-    "solo/pass@8",
-    "handoff/pass@1",
-    "handoff/pass@8",
-    "legibility/overlap",
-    "pulled_back",
-}
-
-
 def _fmt(x: float, digits: int = 3) -> str:
     return "n/a" if x is None or math.isnan(x) else f"{x:.{digits}f}"
 
@@ -292,44 +228,15 @@ def _cell(values: Sequence[float] | None) -> str:
     return f"{_fmt(mean)} [{_fmt(lo)}, {_fmt(hi)}]"
 
 
-def verdict(claim: Claim, metric: str, trl: Sequence[float], grpo: Sequence[float]) -> str:
-    """A plain sentence: does the paper's direction show, and is the interval clear of zero."""
-    if metric == "pulled_back":
-        if not trl:
-            return "Not measured: no seed has both a GRPO and a Tandem RL run."
-        mean, lo, _ = t_interval(trl)
-        what = f"{mean:.0%} of GRPO's most displaced tokens sit closer to the base under Tandem RL"
-        if mean <= 0.5:
-            return f"Does not reproduce: {what}."
-        sure = "the interval lies above 50%" if lo > 0.5 else "the interval reaches 50%"
-        return f"Reproduces in direction: {what} ({sure})."
-    if not trl or not grpo:
-        return "Not measured: an arm has no finished runs."
-    diff, lo, hi = difference_interval(trl, grpo)
-    interval = f"Tandem RL minus GRPO {diff:+.3f}"
-    if not math.isnan(lo):
-        interval += f", 95% interval [{lo:+.3f}, {hi:+.3f}]"
-    clear = not math.isnan(lo) and (lo > 0 or hi < 0)
-    if claim.on_par:
-        if clear:
-            return f"Does not reproduce: the arms differ ({interval})."
-        return f"Reproduces: the seeds cannot tell the arms apart ({interval})."
-    better = diff > 0 if metric in HIGHER_IS_BETTER else diff < 0
-    if not better:
-        return f"Does not reproduce: the difference goes the other way ({interval})."
-    if clear:
-        return f"Reproduces: the paper's direction, with an interval clear of zero ({interval})."
-    return f"Direction reproduces, but the interval includes zero ({interval})."
-
-
 def render(
     values: dict[str, dict[str, list[float]]],
     base: dict[str, Any],
     runs: list[Run],
     root: Path,
     command: str,
+    margin: float = MARGIN,
 ) -> str:
-    """The Markdown page."""
+    """The Markdown page; ``margin`` is the equivalence margin of claim 1 (absolute accuracy)."""
     arms = [a for a in ARMS if a in values] + sorted(set(values) - set(ARMS))
     seeds = {a: sorted(r.seed for r in runs if r.arm == a) for a in arms}
     steps = sorted({r.steps for r in runs})
@@ -345,31 +252,22 @@ def render(
         "evaluation is `python -m tandem.evaluate` with `conf/eval/tiny.yaml` (held-out test "
         "problems, temperature 1, 8 samples each) on each run's last senior; drift and "
         "legibility are measured on the senior's own solo outputs against the base "
-        "(the junior). Verdicts compare Tandem RL (`trl`) with GRPO (`grpo`) by Welch's "
-        "t-interval of the difference.",
+        "(the junior); the junior's cross-entropy is per chain of thought, then averaged "
+        "(`legibility/junior_ce_pooled` in `results.json` pools tokens instead).",
+        "",
+        "Verdicts compare Tandem RL (`trl`) with GRPO (`grpo`) by Welch's t-interval of the "
+        "difference of the means. A better-than claim reproduces when the 95% interval is clear "
+        "of zero in the paper's direction; an interval containing zero is no detectable "
+        "difference. The on-par claim is an equivalence test with a stated margin: "
+        f"equivalent within ±{margin:g} (absolute accuracy) when the 90% interval lies inside "
+        f"[-{margin:g}, +{margin:g}] (two one-sided tests at the 5% level). The pulled-back "
+        "share and the pull-back correlation are Tandem RL's own, judged by their 95% interval "
+        "against 50% and zero.",
         "",
     ]
     lines += training_section(values, base, arms, runs)
     for claim in CLAIMS:
-        lines += [f"## {claim.title}", "", f"Paper: {claim.paper}", ""]
-        header = ["metric", "base", *arms, "paper (trl / grpo)"]
-        lines += ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
-        for metric in claim.metrics:
-            paper = PAPER.get(metric, {})
-            paper_cell = (
-                " / ".join(_fmt(paper[a]) if a in paper else "-" for a in ("trl", "grpo"))
-                if paper
-                else "direction only"
-            )
-            base_cell = _fmt(base.get(metric, math.nan)) if metric in base else "-"
-            cells = [_cell(values.get(a, {}).get(metric)) for a in arms]
-            lines.append("| " + " | ".join([f"`{metric}`", base_cell, *cells, paper_cell]) + " |")
-        lines.append("")
-        for metric in claim.metrics:
-            trl = values.get("trl", {}).get(metric, [])
-            grpo = values.get("grpo", {}).get(metric, [])
-            lines.append(f"- `{metric}`: {verdict(claim, metric, trl, grpo)}")
-        lines.append("")
+        lines += claim_section(claim, values, base, arms, margin)
     lines += [
         "## Runs",
         "",
@@ -382,6 +280,39 @@ def render(
         "",
     ]
     return "\n".join(lines)
+
+
+def claim_section(
+    claim: Claim,
+    values: dict[str, dict[str, list[float]]],
+    base: dict[str, Any],
+    arms: list[str],
+    margin: float,
+) -> list[str]:
+    """One claim: a table of its metrics per arm beside the paper's, then a verdict per metric."""
+    lines = [f"## {claim.title}", "", f"Paper: {claim.paper}", ""]
+    header = ["metric", "base", *arms, "paper (trl / grpo)"]
+    lines += ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    for metric in claim.metrics:
+        paper = PAPER.get(metric, {})
+        paper_cell = (
+            " / ".join(_fmt(paper[a]) if a in paper else "-" for a in ("trl", "grpo"))
+            if paper
+            else "direction only"
+        )
+        base_cell = _fmt(base.get(metric, math.nan)) if metric in base else "-"
+        cells = [_cell(values.get(a, {}).get(metric)) for a in arms]
+        lines.append("| " + " | ".join([f"`{metric}`", base_cell, *cells, paper_cell]) + " |")
+    lines.append("")
+    trl_values = values.get("trl", {})
+    for metric in claim.metrics:
+        trl, grpo = trl_values.get(metric, []), values.get("grpo", {}).get(metric, [])
+        line = f"- `{metric}`: {verdict(claim, metric, trl, grpo, margin)}"
+        if metric == "pullback_rho" and trl:
+            tests = [trl_values.get(k, []) for k in ("pullback_rho", "pullback_p", "pullback_n")]
+            line += f" Per seed: {seed_tests(*tests)}."
+        lines.append(line)
+    return [*lines, ""]
 
 
 def validation_curves(runs: list[Run]) -> dict[str, dict[tuple[str, int], list[float]]]:
@@ -474,6 +405,12 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--out", type=Path, default=Path("docs/results/tiny_world.md"))
     parser.add_argument("--base", default="tiny", help="the base the runs started from")
     parser.add_argument(
+        "--margin",
+        type=float,
+        default=MARGIN,
+        help="equivalence margin of the on-par claim, in absolute accuracy (default %(default)s)",
+    )
+    parser.add_argument(
         "--eval",
         action="append",
         default=[],
@@ -487,7 +424,7 @@ def main(argv: list[str] | None = None) -> Path:
         ["python -m tandem.analysis.study", *(sys.argv[1:] if argv is None else argv)]
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(render(values, base, runs, args.runs, command))
+    args.out.write_text(render(values, base, runs, args.runs, command, args.margin))
     print(f"wrote {args.out}")
     return args.out
 

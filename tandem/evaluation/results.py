@@ -3,7 +3,12 @@
 ``results.json`` holds the run's description (label, senior, junior, sampler, config), every
 set's table (metric -> value), each set's data report (unusable rows) and the macro average;
 ``results.csv`` holds one row per set and a last row ``macro``. The macro average of a metric is
-the plain mean over the sets that report it (each set weighs the same, whatever its size).
+the plain mean over the sets that report it (each set weighs the same, whatever its size), and
+every metric of the tables gets one. For the paper's figures this is the whole recipe: pass@k
+is the mean over a set's problems, then the macro mean over sets; ``legibility/junior_ce`` the
+mean over a set's chains of thought of each one's mean NLL per token, then the macro mean over
+sets (the authors' ``macro_ce``). The per-token figures (drift, overlap,
+``legibility/junior_ce_pooled``) pool tokens within a set and are then macro-averaged the same.
 
 What this file leaves out: computing the values (``tandem.evaluation.runner``).
 """

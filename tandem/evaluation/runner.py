@@ -4,7 +4,9 @@ For each set, up to two sampling passes over its problems, ``n`` samples each:
 
 - ``solo``: the senior alone. Then drift and legibility on these same outputs by teacher
   forcing (no new sampling): KL(senior || junior) per token, the junior's cross-entropy on the
-  senior's tokens, and the per-token overlap of the two distributions;
+  senior's tokens (``junior_ce``: per chain of thought, then the mean over them, as the paper;
+  ``junior_ce_pooled``: per token over all of them), and the per-token overlap of the two
+  distributions;
 - ``handoff``: senior and junior together under the handoff sampler (the reasoning-step
   schedule by default), with the senior's token share and the handoffs per rollout.
 
@@ -34,6 +36,7 @@ from tandem.metrics import (
     HandoffsPerRollout,
     JuniorCrossEntropy,
     PassAtK,
+    PooledJuniorCrossEntropy,
     SeniorShare,
     TokenKL,
     kl_divergence,
@@ -157,6 +160,7 @@ class Evaluator:
                 {
                     "drift/kl": TokenKL(),
                     "legibility/junior_ce": JuniorCrossEntropy(),
+                    "legibility/junior_ce_pooled": PooledJuniorCrossEntropy(),
                     "legibility/overlap": DistributionOverlap(),
                 }
             )
@@ -211,7 +215,8 @@ class Evaluator:
                 "junior_logprobs": j.float().log_softmax(-1).gather(-1, tokens).squeeze(-1),
             }
             # the [n, T] log-probs just computed: no second log-softmax over the vocabulary
-            metrics["legibility/junior_ce"].update(values["junior_logprobs"], mask.to(j.device))
+            for key in ("legibility/junior_ce", "legibility/junior_ce_pooled"):
+                metrics[key].update(values["junior_logprobs"], mask.to(j.device))
             for k, v in values.items():
                 per_token[k][chunk.rows, :t] = torch.where(mask, v.cpu(), 0.0)
         return per_token

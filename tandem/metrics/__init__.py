@@ -1,14 +1,15 @@
 """Evaluation metrics as ``torchmetrics.Metric`` s, so that they reduce correctly across processes.
 
 Importing this package registers each in ``tandem.registry.METRICS``: ``pass_at_k``, ``token_kl``
-(drift), ``junior_ce`` and ``overlap`` (legibility), ``senior_share`` and ``handoffs`` (team).
+(drift), ``junior_ce`` (per chain of thought, the paper's), ``junior_ce_pooled`` (per token) and
+``overlap`` (legibility), ``senior_share`` and ``handoffs`` (team).
 
 What this file leaves out: everything but the imports that register the members.
 """
 
 from __future__ import annotations
 
-from tandem.metrics.cross_entropy import JuniorCrossEntropy
+from tandem.metrics.cross_entropy import JuniorCrossEntropy, PooledJuniorCrossEntropy
 from tandem.metrics.distributions import kl_divergence, masked_positions, token_overlap
 from tandem.metrics.kl import TokenKL
 from tandem.metrics.overlap import DistributionOverlap
@@ -20,6 +21,7 @@ __all__ = [
     "HandoffsPerRollout",
     "JuniorCrossEntropy",
     "PassAtK",
+    "PooledJuniorCrossEntropy",
     "SeniorShare",
     "TokenKL",
     "kl_divergence",

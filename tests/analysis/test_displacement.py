@@ -1,5 +1,5 @@
-"""The displacement analysis: ranks and Spearman, the top-N shift statistics on known means,
-and teacher forcing on evaluation records."""
+"""The displacement analysis: Spearman correlations and their p-values, the top-N shift
+statistics on known means, and teacher forcing on evaluation records."""
 
 from __future__ import annotations
 
@@ -9,14 +9,15 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from scipy import stats
 
 from tandem.analysis.displacement import (
     displacement,
     displacement_on_records,
     mean_probabilities,
-    ranks,
     records_to_tensors,
     spearman,
+    spearman_test,
 )
 from tandem.evaluation.records import read_records
 from tandem.modules.models import load_causal_lm
@@ -34,14 +35,39 @@ class FixedLM(torch.nn.Module):
         return SimpleNamespace(logits=self.logits.expand(shape))
 
 
-def test_ranks_average_ties_and_spearman_matches_hand_values() -> None:
-    assert ranks(torch.tensor([10.0, 20.0, 10.0, 5.0])).tolist() == [2.5, 4.0, 2.5, 1.0]
+def test_spearman_matches_hand_values_and_averages_ties() -> None:
     x = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0])
     assert spearman(x, x**3) == pytest.approx(1.0)
     assert spearman(x, -x) == pytest.approx(-1.0)
     # d = rank differences (0, 0, 1, -1, 0): rho = 1 - 6 * 2 / (5 * 24) = 0.9
     assert spearman(x, torch.tensor([1.0, 2.0, 4.0, 3.0, 5.0])) == pytest.approx(0.9)
     assert math.isnan(spearman(x, torch.ones(5)))
+    # ties share their average rank: (10, 20, 10, 5) ranks (2.5, 4, 2.5, 1), against (1, 2, 3, 4)
+    # centred: (0, 1.5, 0, -1.5) . (-1.5, -0.5, 0.5, 1.5) = -3, norms sqrt(4.5 * 5)
+    tied = spearman(torch.tensor([10.0, 20.0, 10.0, 5.0]), x[:4])
+    assert tied == pytest.approx(-3 / math.sqrt(4.5 * 5))
+
+
+def test_pullback_correlation_is_negative_when_tandem_moves_displaced_items_back() -> None:
+    g = torch.Generator().manual_seed(0)
+    base = torch.rand(40, generator=g, dtype=torch.float64)
+    grpo = base + 0.1 * torch.randn(40, generator=g, dtype=torch.float64)
+    # Tandem undoes about half of GRPO's move on every item, with noise
+    noise = 0.01 * torch.randn(40, generator=g, dtype=torch.float64)
+    trl = grpo - 0.5 * (grpo - base) + noise
+    d = displacement(base, grpo, trl, top=10)
+    picked = d.token_ids
+    want = stats.spearmanr((grpo - base)[picked].numpy(), (trl - grpo)[picked].numpy())
+    assert d.pullback_n == 10
+    assert d.pullback_rho == pytest.approx(float(want.statistic))
+    assert d.pullback_p == pytest.approx(float(want.pvalue))
+    assert d.pullback_rho < -0.5 and d.pullback_p < 0.05
+    # the same items moved further by Tandem: the correlation turns positive
+    away = displacement(base, grpo, grpo + 0.5 * (grpo - base) + noise, top=10)
+    assert away.pullback_rho > 0.5 and away.pulled_back == 0.0
+    # too few items to rank: NaN, not a number that looks like a finding
+    one = torch.ones(1)
+    assert all(math.isnan(v) for v in spearman_test(one, one))
 
 
 def test_top_items_pulled_back_and_correlations_on_known_means() -> None:
@@ -52,6 +78,8 @@ def test_top_items_pulled_back_and_correlations_on_known_means() -> None:
     assert sorted(d.token_ids.tolist()) == [0, 4]
     assert d.pulled_back == 1.0  # both moved less by TRL
     assert d.spearman_top == pytest.approx(1.0)
+    # relative to GRPO, TRL moves item 0 up (+.2) and item 4 down (-.15): against GRPO's move
+    assert d.pullback_rho == pytest.approx(-1.0) and d.pullback_n == 2
     # over the vocabulary the shifts rank (1, 3, 3, 3, 5) against (1, 2, 3.5, 3.5, 5)
     assert d.spearman_all == pytest.approx(spearman(grpo - base, trl - base))
     assert 0.5 < d.spearman_all < 1.0

@@ -3,7 +3,6 @@ intervals and verdicts, and the page, end to end on tiny stand-in runs."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from tandem.analysis import study
-from tandem.analysis.study import CLAIMS, collect, find_runs, render, t_interval, verdict
+from tandem.analysis.claims import CLAIMS
+from tandem.analysis.study import collect, find_runs, render
 from tandem.modules.models import load_causal_lm, load_tokenizer
 
 CONF = str(Path(__file__).resolve().parents[2] / "conf")
@@ -77,18 +77,25 @@ def test_collect_evaluates_once_and_measures_displacement(runs: Path) -> None:
     # the farther senior drifts more from the base, and its displaced items come back under trl
     assert values["grpo"]["drift/kl"][0] > values["trl"]["drift/kl"][0] > 0.0
     assert values["trl"]["pulled_back"][0] > 0.9
+    # half-way back along GRPO's own direction: the further GRPO moved an item, the further
+    # Tandem RL moves it back
+    assert values["trl"]["pullback_rho"][0] < -0.5 and values["trl"]["pullback_p"][0] < 0.01
+    assert values["trl"]["pullback_n"] == [500]
     assert "pulled_back" not in values["grpo"]
     results = runs / "trl-seed0" / "eval" / "results.json"
     stamp = results.stat().st_mtime_ns
     again, _, _ = collect(runs, EVAL)
     assert results.stat().st_mtime_ns == stamp, "a finished evaluation is reused, not redone"
     assert again == values
-    page = render(values, base, found, runs, "python -m tandem.analysis.study")
+    page = render(values, base, found, runs, "python -m tandem.analysis.study", margin=0.05)
     for claim in CLAIMS:
         assert claim.title in page
     assert "| `drift/kl` | 0.000 |" in page
     assert "| `greedy/solo/pass@1` |" in page
     assert "0.022 / 0.026" in page
+    assert "equivalent within ±0.05" in page
+    assert "| `pullback_rho` | - | n/a |" in page  # grpo is the reference: no value of its own
+    assert "Per seed: rho -" in page and "n = 500)" in page
 
 
 def test_an_interrupted_evaluation_is_redone_whole(tmp_path: Path, monkeypatch) -> None:
@@ -111,34 +118,6 @@ def test_an_interrupted_evaluation_is_redone_whole(tmp_path: Path, monkeypatch) 
     assert not (tmp_path / "eval").exists()
     assert study.evaluate("tiny", tmp_path / "eval")["macro"]["solo/pass@1"] == 0.5
     assert not (tmp_path / "eval.partial").exists()
-
-
-def test_t_interval_matches_the_textbook() -> None:
-    mean, lo, hi = t_interval([1.0, 2.0, 3.0])
-    # sd 1, n 3: half-width t(0.975, 2) / sqrt(3) = 4.3027 / 1.7321
-    assert mean == 2.0 and hi - mean == pytest.approx(2.4841, abs=1e-4) and lo < mean
-    assert math.isnan(t_interval([0.5])[1])
-
-
-def test_verdicts_follow_the_claims_direction() -> None:
-    on_par, handoff, drift, legibility = CLAIMS
-    assert verdict(on_par, "solo/pass@1", [0.5, 0.52, 0.51], [0.5, 0.51, 0.52]).startswith(
-        "Reproduces"
-    )
-    assert verdict(on_par, "solo/pass@1", [0.9, 0.91, 0.9], [0.5, 0.51, 0.5]).startswith(
-        "Does not reproduce"
-    )
-    assert verdict(handoff, "handoff/pass@1", [0.6, 0.61, 0.62], [0.5, 0.5, 0.51]).startswith(
-        "Reproduces: the paper's direction"
-    )
-    assert verdict(drift, "drift/kl", [0.03, 0.031, 0.03], [0.02, 0.021, 0.02]).startswith(
-        "Does not reproduce"
-    )
-    assert verdict(
-        legibility, "legibility/overlap", [0.92, 0.95, 0.85], [0.85, 0.9, 0.95]
-    ).startswith("Direction reproduces, but")
-    assert verdict(drift, "pulled_back", [0.3, 0.4, 0.35], []).startswith("Does not reproduce")
-    assert verdict(drift, "pulled_back", [0.9, 0.92, 0.88], []).startswith("Reproduces")
 
 
 def test_validation_curves_average_seeds_and_read_resumed_logs(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from tandem.metrics import (
     HandoffsPerRollout,
     JuniorCrossEntropy,
     PassAtK,
+    PooledJuniorCrossEntropy,
     SeniorShare,
     TokenKL,
 )
@@ -50,6 +51,7 @@ def compute_all(shards: list[dict[str, torch.Tensor]]) -> dict[str, float]:
         "kl": TokenKL(),
         "overlap": DistributionOverlap(),
         "ce": JuniorCrossEntropy(),
+        "ce_pooled": PooledJuniorCrossEntropy(),
         "share": SeniorShare(),
         "handoffs": HandoffsPerRollout(),
     }
@@ -58,6 +60,7 @@ def compute_all(shards: list[dict[str, torch.Tensor]]) -> dict[str, float]:
         metrics["kl"].update(s["p"], s["q"], s["mask"])
         metrics["overlap"].update(s["p"], s["q"], s["mask"])
         metrics["ce"].update(s["q"], s["mask"], tokens=s["tokens"])
+        metrics["ce_pooled"].update(s["q"], s["mask"], tokens=s["tokens"])
         metrics["share"].update(s["authors"])
         metrics["handoffs"].update(s["authors"])
     out = {}

@@ -11,6 +11,7 @@ from tandem.metrics import (
     DistributionOverlap,
     HandoffsPerRollout,
     JuniorCrossEntropy,
+    PooledJuniorCrossEntropy,
     SeniorShare,
     TokenKL,
     kl_divergence,
@@ -55,14 +56,39 @@ def test_self_comparison_is_zero_drift_and_full_overlap() -> None:
 def test_junior_cross_entropy_from_token_logprobs_or_logits() -> None:
     logits = torch.randn(2, 3, 6)
     tokens = torch.tensor([[0, 5, 2], [1, 1, 3]])
-    mask = torch.tensor([[1, 1, 0], [0, 1, 1]], dtype=torch.bool)
+    mask = torch.tensor([[1, 1, 0], [0, 0, 1]], dtype=torch.bool)
     lp = logits.log_softmax(-1).gather(-1, tokens[..., None]).squeeze(-1)  # [2, 3]
     a, b = METRICS.build("junior_ce"), JuniorCrossEntropy()
-    a.update(lp, mask)
-    b.update(logits, mask, tokens=tokens)
-    want = -float(lp[mask].mean())
-    assert float(a.compute()) == pytest.approx(want, rel=1e-6)
-    assert float(b.compute()) == pytest.approx(want, rel=1e-6)
+    c, d = METRICS.build("junior_ce_pooled"), PooledJuniorCrossEntropy()
+    for m in (a, c):
+        m.update(lp, mask)
+    for m in (b, d):
+        m.update(logits, mask, tokens=tokens)
+    per_cot = -(float(lp[0, :2].mean()) + float(lp[1, 2])) / 2
+    pooled = -float(lp[mask].mean())
+    for m in (a, b):
+        assert float(m.compute()) == pytest.approx(per_cot, rel=1e-6)
+    for m in (c, d):
+        assert float(m.compute()) == pytest.approx(pooled, rel=1e-6)
+
+
+def test_junior_cross_entropy_per_cot_differs_from_pooled_on_a_long_and_a_short_cot() -> None:
+    # a long CoT of 4 easy tokens (NLL 0.5 each) and a short one of 1 hard token (NLL 3):
+    # per CoT (0.5 + 3) / 2 = 1.75, pooled (4 * 0.5 + 3) / 5 = 1.0
+    lp = torch.tensor([[-0.5, -0.5, -0.5, -0.5], [-3.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0], [0, 0, 0, 0]], dtype=torch.bool)
+    per_cot, pooled = JuniorCrossEntropy(), PooledJuniorCrossEntropy()
+    per_cot.update(lp, mask)
+    pooled.update(lp, mask)
+    # the third row has no counted token: it is no CoT, not a CoT of cross-entropy 0
+    assert float(per_cot.compute()) == pytest.approx(1.75)
+    assert float(per_cot.count) == 2
+    assert float(pooled.compute()) == pytest.approx(1.0)
+    # split over two updates, the CoTs still weigh one each
+    split = JuniorCrossEntropy()
+    split.update(lp[:1], mask[:1])
+    split.update(lp[1:], mask[1:])
+    assert float(split.compute()) == pytest.approx(1.75)
 
 
 def test_team_statistics() -> None:
@@ -75,5 +101,13 @@ def test_team_statistics() -> None:
 
 
 def test_every_metric_is_registered() -> None:
-    names = {"pass_at_k", "token_kl", "junior_ce", "overlap", "senior_share", "handoffs"}
+    names = {
+        "pass_at_k",
+        "token_kl",
+        "junior_ce",
+        "junior_ce_pooled",
+        "overlap",
+        "senior_share",
+        "handoffs",
+    }
     assert names <= set(METRICS.names())

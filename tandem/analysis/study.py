@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import logging
 import math
@@ -49,11 +50,8 @@ log = logging.getLogger(__name__)
 
 ARMS = ("grpo", "trl", "kl_reg")
 VALIDATION_KEYS = ("val/solo/accuracy", "val/tandem/accuracy")
-# the eval sets of the study: the claims are measured on the first (sampled, pass@k); the
-# second, greedy, is the accuracy a training run is judged by
-CLAIM_SET, GREEDY_SET = "tiny", "tiny_greedy"
-EVAL_SETS = f"eval=[{CLAIM_SET},{GREEDY_SET}]"
 CONF = Path(__file__).resolve().parents[2] / "conf"
+CHECKPOINTS = ("selected", "last")
 # what the paper reports (Tandem RL vs GRPO); None where it states a direction, not a figure
 PAPER = {
     "drift/kl": {"trl": 0.022, "grpo": 0.026},
@@ -61,6 +59,62 @@ PAPER = {
     "legibility/overlap": {"trl": 0.973, "grpo": 0.960},
     "pulled_back": {"trl": 0.87},
 }
+
+
+@dataclass(frozen=True)
+class Study:
+    """What a study measures (``conf/study/<name>.yaml``; keys as below).
+
+    Attributes:
+        title: the page's heading.
+        runs: the sweep folder of the training runs.
+        out: where the page goes.
+        base: the model the runs started from (the junior too).
+        sets: the eval sets the claims are measured on (their mean over sets when several).
+        greedy: a greedy eval set, the accuracy a run is judged by (None: none).
+        checkpoint: ``selected`` (the checkpoint validation picked) or ``last``.
+        eval: more ``tandem.evaluate`` overrides.
+        describes: what the evaluation is, in a sentence for the page.
+    """
+
+    title: str
+    runs: Path
+    out: Path
+    base: str
+    sets: tuple[str, ...]
+    greedy: str | None = None
+    checkpoint: str = "selected"
+    eval: tuple[str, ...] = ()
+    describes: str = ""
+
+    def __post_init__(self) -> None:
+        if self.checkpoint not in CHECKPOINTS:
+            raise ValueError(
+                f"checkpoint ({self.checkpoint!r}) must be one of {CHECKPOINTS}: the senior "
+                "validation selected, or the last step's."
+            )
+        if not self.sets:
+            raise ValueError("sets names no eval set: the claims need at least one.")
+
+    @classmethod
+    def load(cls, name: str) -> Study:
+        """The study ``conf/study/<name>.yaml``."""
+        path = CONF / "study" / f"{name}.yaml"
+        if not path.is_file():
+            known = sorted(p.stem for p in (CONF / "study").glob("*.yaml"))
+            raise FileNotFoundError(f"no study {name!r}: the studies are {known}.")
+        spec = OmegaConf.to_container(OmegaConf.load(path))
+        spec.update(runs=Path(spec["runs"]), out=Path(spec["out"]))
+        return cls(**{**spec, "sets": tuple(spec["sets"]), "eval": tuple(spec.get("eval", ()))})
+
+    def overrides(self, extra: Sequence[str] = ()) -> list[str]:
+        """``tandem.evaluate`` overrides: the eval sets, the study's, then ``extra``; a key
+        given twice keeps its last value."""
+        sets = [*self.sets, *([self.greedy] if self.greedy else [])]
+        merged: dict[str, str] = {"eval": f"eval=[{','.join(sets)}]"}
+        for override in (*self.eval, *extra):
+            merged[override.split("=", 1)[0]] = override
+        return list(merged.values())
 
 
 @dataclass(frozen=True)
@@ -74,7 +128,23 @@ class Run:
 
     @property
     def senior(self) -> Path:
+        """The exported senior of the last step."""
         return self.path / "senior"
+
+    def selected(self) -> Path | None:
+        """The checkpoint validation picked (``best-*.ckpt``), if there is one."""
+        found = sorted((self.path / "checkpoints").glob("best-*.ckpt"))
+        return found[-1] if found else None
+
+    def evaluated(self, checkpoint: str) -> tuple[str, Path]:
+        """What the study evaluates (``checkpoint``: ``selected`` or ``last``) and the model
+        folder it becomes (an evaluated checkpoint is exported under ``eval/senior``)."""
+        chosen = self.selected() if checkpoint == "selected" else None
+        if chosen is None:
+            if checkpoint == "selected":
+                log.warning("%s has no selected checkpoint: evaluating its last step", self.path)
+            return str(self.senior), self.senior
+        return str(chosen), self.path / "eval" / "senior"
 
 
 def find_runs(root: str | Path) -> tuple[list[Run], list[Path]]:
@@ -124,10 +194,15 @@ def evaluate(senior: str, out: Path, overrides: Sequence[str] = ()) -> dict[str,
 
 
 def displacement_for_seed(
-    base: str, grpo: Run, others: Sequence[Run], texts: Path, top: int = 500
+    base: str,
+    grpo: Path,
+    others: dict[Path, Path],
+    texts: Sequence[Path],
+    top: int = 500,
 ) -> dict[Path, dict[str, float]]:
-    """Per run of ``others``: pulled-back share and Spearman correlations against ``grpo`` on
-    ``texts`` (the GRPO senior's own solo outputs), by run folder.
+    """Per run folder of ``others`` (run -> its evaluated senior): pulled-back share and
+    Spearman correlations against the ``grpo`` senior on ``texts`` (the GRPO senior's own solo
+    outputs, one file per eval set), by run folder.
 
     The base's and the GRPO senior's mean probabilities are computed once for all the other
     arms of the seed, and at most two models are loaded at a time.
@@ -140,19 +215,19 @@ def displacement_for_seed(
     from tandem.evaluation.records import read_records
     from tandem.modules.models import load_causal_lm
 
-    records = [r for r in read_records(texts) if r["mode"] == "solo"]
+    records = [r for path in texts for r in read_records(path) if r["mode"] == "solo"]
     tensors = records_to_tensors(records)
 
     def means(paths: Sequence[str | Path]) -> tuple[Any, int]:
         models = [load_causal_lm(str(p)).eval() for p in paths]
         return mean_probabilities(models, *tensors)
 
-    (base_means, grpo_means), count = means([base, grpo.senior])
+    (base_means, grpo_means), count = means([base, grpo])
     found = {}
-    for run in others:
-        (run_means,), _ = means([run.senior])
+    for folder, senior in others.items():
+        (run_means,), _ = means([senior])
         result = displacement(base_means, grpo_means, run_means, top, count)
-        found[run.path] = {
+        found[folder] = {
             "pulled_back": result.pulled_back,
             "pullback_rho": result.pullback_rho,
             "pullback_p": result.pullback_p,
@@ -164,10 +239,11 @@ def displacement_for_seed(
 
 
 def collect(
-    root: Path, overrides: Sequence[str] = (), base: str = "tiny"
+    study: Study, overrides: Sequence[str] = ()
 ) -> tuple[dict[str, dict[str, list[float]]], dict[str, Any], list[Run]]:
     """Evaluate everything needed; returns ``values[arm][metric] -> per-seed list``, the base's
     table and the runs used."""
+    root, base = study.runs, study.base
     runs, unfinished = find_runs(root)
     for folder in unfinished:
         log.warning("skipping %s: not finished (no exported senior yet)", folder)
@@ -176,27 +252,30 @@ def collect(
             f"no finished training run under {root}: run python -m tandem.train "
             "--config-name reproduce first (or pass the folder of your sweep)."
         )
-    overrides = [EVAL_SETS, *overrides]
+    overrides = study.overrides(overrides)
     base_results = evaluate(base, root / "eval_base", overrides)
     values: dict[str, dict[str, list[float]]] = {}
+    seniors: dict[Path, Path] = {}
     for run in runs:
-        results = evaluate(str(run.senior), run.path / "eval", overrides)
+        source, seniors[run.path] = run.evaluated(study.checkpoint)
+        results = evaluate(source, run.path / "eval", overrides)
         arm = values.setdefault(run.arm, {})
-        for key, value in flatten(results).items():
+        for key, value in flatten(results, study).items():
             arm.setdefault(key, []).append(value)
     grpo_by_seed = {r.seed: r for r in runs if r.arm == "grpo"}
     cache = "eval/displacement.json"
     for seed, grpo in sorted(grpo_by_seed.items()):
         others = [r for r in runs if r.seed == seed and r.arm != "grpo"]
-        pending = [r for r in others if not _cached(r.path / cache)]
+        pending = {r.path: seniors[r.path] for r in others if not _cached(r.path / cache)}
         if pending:
-            texts = grpo.path / "eval" / "generations" / f"{CLAIM_SET}.jsonl"
-            for folder, found in displacement_for_seed(base, grpo, pending, texts).items():
+            texts = [grpo.path / "eval" / "generations" / f"{s}.jsonl" for s in study.sets]
+            found_all = displacement_for_seed(base, seniors[grpo.path], pending, texts)
+            for folder, found in found_all.items():
                 (folder / cache).write_text(json.dumps(found, indent=2) + "\n")
         for run in others:
             for key, value in json.loads((run.path / cache).read_text()).items():
                 values.setdefault(run.arm, {}).setdefault(key, []).append(value)
-    return values, flatten(base_results), runs
+    return values, flatten(base_results, study), runs
 
 
 def _cached(path: Path) -> bool:
@@ -205,11 +284,13 @@ def _cached(path: Path) -> bool:
     return path.is_file() and "pullback_rho" in json.loads(path.read_text())
 
 
-def flatten(results: dict[str, Any]) -> dict[str, float]:
-    """``results.json`` as one table: the claim set's metrics by name, the greedy set's under
-    ``greedy/``."""
-    out = {k: float(v) for k, v in results["sets"].get(CLAIM_SET, {}).items()}
-    for key, value in results["sets"].get(GREEDY_SET, {}).items():
+def flatten(results: dict[str, Any], study: Study) -> dict[str, float]:
+    """``results.json`` as one table: each metric's mean over the study's sets (the paper's
+    macro mean; the set's own value for one set), the greedy set's under ``greedy/``."""
+    tables = [results["sets"].get(name, {}) for name in study.sets]
+    shared = set.intersection(*(set(t) for t in tables))
+    out = {k: sum(float(t[k]) for t in tables) / len(tables) for k in sorted(shared)}
+    for key, value in results["sets"].get(study.greedy, {}).items():
         out[f"greedy/{key}"] = float(value)
     return out
 
@@ -232,7 +313,7 @@ def render(
     values: dict[str, dict[str, list[float]]],
     base: dict[str, Any],
     runs: list[Run],
-    root: Path,
+    study: Study,
     command: str,
     margin: float = MARGIN,
 ) -> str:
@@ -241,16 +322,17 @@ def render(
     seeds = {a: sorted(r.seed for r in runs if r.arm == a) for a in arms}
     steps = sorted({r.steps for r in runs})
     commit = source_commit()
+    senior = {"selected": "selected checkpoint", "last": "last senior"}[study.checkpoint]
+    sets = ", ".join(f"`{s}`" for s in study.sets)
     lines = [
-        "# The paper's claims on the tiny world",
+        f"# {study.title}",
         "",
-        f"Generated by `{command}` from {len(runs)} finished runs under `{root}` "
+        f"Generated by `{command}` from {len(runs)} finished runs under `{study.runs}` "
         f"({', '.join(f'{a}: seeds {seeds[a]}' for a in arms)}; {steps} optimizer steps each), "
         f"at commit `{commit}`. Do not edit by hand: rerun the command.",
         "",
         "Each cell is the mean over seeds with its 95% Student-t interval in brackets. The "
-        "evaluation is `python -m tandem.evaluate` with `conf/eval/tiny.yaml` (held-out test "
-        "problems, temperature 1, 8 samples each) on each run's last senior; drift and "
+        f"evaluation is {study.describes} on each run's {senior} (sets: {sets}); drift and "
         "legibility are measured on the senior's own solo outputs against the base "
         "(the junior); the junior's cross-entropy is per chain of thought, then averaged "
         "(`legibility/junior_ce_pooled` in `results.json` pools tokens instead).",
@@ -265,7 +347,7 @@ def render(
         "against 50% and zero.",
         "",
     ]
-    lines += training_section(values, base, arms, runs)
+    lines += training_section(values, base, arms, runs, study.greedy)
     for claim in CLAIMS:
         lines += claim_section(claim, values, base, arms, margin)
     lines += [
@@ -361,13 +443,17 @@ def training_section(
     base: dict[str, float],
     arms: list[str],
     runs: list[Run],
+    greedy: str | None,
 ) -> list[str]:
-    """What training did: greedy accuracy on the held-out problems, alone and handing off."""
+    """What training did: greedy accuracy on the held-out problems, alone and handing off;
+    and the validation curves."""
+    if greedy is None:
+        return ["## What training did", "", *curves_section(runs, arms)]
     keys = ("greedy/solo/pass@1", "greedy/handoff/pass@1")
     lines = [
         "## What training did",
         "",
-        "Greedy accuracy on the held-out test problems (`conf/eval/tiny_greedy.yaml`), the "
+        f"Greedy accuracy on the held-out test problems (`conf/eval/{greedy}.yaml`), the "
         "senior alone and handing off to the junior under the step schedule.",
         "",
         "| metric | base | " + " | ".join(arms) + " |",
@@ -399,11 +485,15 @@ def _commits(folder: Path) -> str:
 
 def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="?", type=Path, help="sweep folder (default: the study's)")
     parser.add_argument(
-        "runs", nargs="?", type=Path, default=Path("multirun/tiny_world"), help="sweep folder"
+        "--study", default="tiny", help="conf/study/<name>.yaml: tiny (default) or paper"
     )
-    parser.add_argument("--out", type=Path, default=Path("docs/results/tiny_world.md"))
-    parser.add_argument("--base", default="tiny", help="the base the runs started from")
+    parser.add_argument("--out", type=Path, help="the page (default: the study's)")
+    parser.add_argument("--base", help="the base the runs started from (default: the study's)")
+    parser.add_argument(
+        "--checkpoint", choices=CHECKPOINTS, help="which senior of each run (default: the study's)"
+    )
     parser.add_argument(
         "--margin",
         type=float,
@@ -419,14 +509,17 @@ def main(argv: list[str] | None = None) -> Path:
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    values, base, runs = collect(args.runs, args.eval, args.base)
+    study = Study.load(args.study)
+    given = {"runs": args.runs, "out": args.out, "base": args.base, "checkpoint": args.checkpoint}
+    study = dataclasses.replace(study, **{k: v for k, v in given.items() if v is not None})
+    values, base, runs = collect(study, args.eval)
     command = " ".join(
         ["python -m tandem.analysis.study", *(sys.argv[1:] if argv is None else argv)]
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(render(values, base, runs, args.runs, command, args.margin))
-    print(f"wrote {args.out}")
-    return args.out
+    study.out.parent.mkdir(parents=True, exist_ok=True)
+    study.out.write_text(render(values, base, runs, study, command, args.margin))
+    print(f"wrote {study.out}")
+    return study.out
 
 
 if __name__ == "__main__":

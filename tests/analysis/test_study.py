@@ -3,6 +3,7 @@ intervals and verdicts, and the page, end to end on tiny stand-in runs."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from omegaconf import OmegaConf
 
 from tandem.analysis import study
 from tandem.analysis.claims import CLAIMS
-from tandem.analysis.study import collect, find_runs, render
+from tandem.analysis.study import Study, collect, find_runs, flatten, render
 from tandem.modules.models import load_causal_lm, load_tokenizer
 
 CONF = str(Path(__file__).resolve().parents[2] / "conf")
@@ -67,8 +68,12 @@ def test_find_runs_keeps_finished_runs_only(runs: Path) -> None:
     assert found[0].steps == 60  # conf/trainer/cpu.yaml
 
 
+def tiny_study(root: Path) -> Study:
+    return dataclasses.replace(Study.load("tiny"), runs=root)
+
+
 def test_collect_evaluates_once_and_measures_displacement(runs: Path) -> None:
-    values, base, found = collect(runs, EVAL)
+    values, base, found = collect(tiny_study(runs), EVAL)
     assert (runs / "eval_base" / "results.json").is_file()
     assert base["drift/kl"] == pytest.approx(0.0, abs=1e-6), "the base against itself"
     for arm in ("grpo", "trl"):
@@ -84,10 +89,12 @@ def test_collect_evaluates_once_and_measures_displacement(runs: Path) -> None:
     assert "pulled_back" not in values["grpo"]
     results = runs / "trl-seed0" / "eval" / "results.json"
     stamp = results.stat().st_mtime_ns
-    again, _, _ = collect(runs, EVAL)
+    again, _, _ = collect(tiny_study(runs), EVAL)
     assert results.stat().st_mtime_ns == stamp, "a finished evaluation is reused, not redone"
     assert again == values
-    page = render(values, base, found, runs, "python -m tandem.analysis.study", margin=0.05)
+    page = render(
+        values, base, found, tiny_study(runs), "python -m tandem.analysis.study", margin=0.05
+    )
     for claim in CLAIMS:
         assert claim.title in page
     assert "| `drift/kl` | 0.000 |" in page
@@ -139,3 +146,24 @@ def test_validation_curves_average_seeds_and_read_resumed_logs(tmp_path: Path) -
     table = "\n".join(curves_section(runs, ["grpo"]))
     assert "| 19 | 0.500 / 0.400 |" in table
     assert "| 39 | 0.600 / 0.500 |" in table
+
+
+def test_studies_name_their_sets_and_merge_overrides() -> None:
+    paper = Study.load("paper")
+    assert paper.sets == ("amc23_25", "aime24", "aime25", "aime26", "minerva")
+    assert paper.checkpoint == "selected" and paper.greedy is None
+    merged = paper.overrides(["device=cpu", "eval.aime24.n=2"])
+    assert merged[0] == "eval=[amc23_25,aime24,aime25,aime26,minerva]"
+    assert "device=cpu" in merged and "device=cuda:0" not in merged, "the last value wins"
+    assert "sampler.max_rounds=150" in merged and "eval.aime24.n=2" in merged
+    with pytest.raises(FileNotFoundError, match="the studies are"):
+        Study.load("papr")
+    with pytest.raises(ValueError, match="checkpoint"):
+        dataclasses.replace(paper, checkpoint="best")
+
+
+def test_flatten_takes_the_mean_over_the_study_sets() -> None:
+    paper = Study.load("paper")
+    results = {"sets": {s: {"solo/pass@1": float(i)} for i, s in enumerate(paper.sets)}}
+    results["sets"]["aime24"]["only/here"] = 1.0
+    assert flatten(results, paper) == {"solo/pass@1": 2.0}, "metrics of every set, averaged"

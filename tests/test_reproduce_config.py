@@ -45,7 +45,7 @@ def flat(cfg) -> dict[str, object]:
 
 
 @pytest.mark.parametrize("name", ["reproduce", "reproduce_paper"])
-def test_every_job_of_the_study_validates(name: str) -> None:
+def test_every_job_of_the_study_validates(name: str, hub_online: None) -> None:
     jobs = sweep(study_config(name))
     assert len(jobs) == 9, jobs  # 3 arms x 3 seeds
     assert {j[0] for j in jobs} == {f"experiment={a}" for a in ARMS}

@@ -99,7 +99,7 @@ def test_the_readme_sweep_composes_for_every_sampler() -> None:
 
 
 @pytest.mark.parametrize("trainer", ["gpu", "ddp", "fsdp"])
-def test_paper_scale_configs_compose(trainer: str) -> None:
+def test_paper_scale_configs_compose(trainer: str, hub_online: None) -> None:
     cfg = train_config("model=qwen3_4b", "data=deepscaler", f"trainer={trainer}", "experiment=trl")
     validate_train_config(cfg, world_size=2 if trainer != "gpu" else 1)
     assert cfg.model.name_or_path == "Qwen/Qwen3-4B-Instruct-2507"

@@ -35,8 +35,9 @@ def hub_reachable() -> bool:
 
     def probe() -> None:
         try:
-            get_session().head(constants.ENDPOINT, timeout=PROBE_TIMEOUT_S)
-            answered.append(True)
+            # the hub's front page answers 200; a proxy or firewall that intercepts answers 4xx
+            response = get_session().head(constants.ENDPOINT, timeout=PROBE_TIMEOUT_S)
+            answered.append(response.status_code < 400)
         except Exception:  # any failure to get an answer means "not reachable"
             pass
         done.set()
@@ -44,7 +45,7 @@ def hub_reachable() -> bool:
     # a daemon thread: a stuck DNS lookup cannot hold the run, nor its exit
     threading.Thread(target=probe, daemon=True).start()
     done.wait(PROBE_TIMEOUT_S + 0.5)
-    return bool(answered)
+    return any(answered)
 
 
 def in_cache(name: str, repo_type: str = "model") -> bool:

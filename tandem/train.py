@@ -8,7 +8,8 @@ runs ``Trainer.fit``. Sweeps are Hydra multiruns::
 
 Each run writes to its own folder (``outputs/<run_name>`` or ``multirun/<run_name>/<job>``);
 all runs share one Aim repository. A killed run resumes with the same ``run_name`` and
-``ckpt_path=last``.
+``ckpt_path=last``. A config problem (``tandem.config``, or Hydra's own, such as an override of
+a key that does not exist) ends the run with one message and exit status 2, no traceback.
 
 What this file leaves out: the training step (``tandem.modules.grpo``).
 """

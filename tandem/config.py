@@ -1,7 +1,10 @@
 """Checking a composed config before anything expensive starts.
 
 Every problem is collected and reported at once, each naming the key, the value, the rule and
-the fix, so that a bad sweep fails in a second instead of after a model loads.
+the fix, so that a bad sweep fails in a second instead of after a model loads. Every key of every
+group is known: groups that build an object are checked against its constructor's signature
+(the module, its loss and backend, the sampler, the reward, the data source, the trainer, the
+loggers); the others against the keys the run reads (``conf/train.yaml`` for the top level).
 
 What this file leaves out: composing the config (Hydra) and building objects from it
 (``tandem.train``).
@@ -9,15 +12,24 @@ What this file leaves out: composing the config (Hydra) and building objects fro
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import difflib
+import functools
+import inspect
+from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
+import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from tandem.data.checks import check_hf_source
+from tandem.errors import ConfigError
+from tandem.modules.grpo import TandemGRPO
 from tandem.modules.loss import ADVANTAGE_MODES, OLD_LOGPROB_SOURCES, LossConfig
-from tandem.modules.models import check_model_path
+from tandem.modules.models import DTYPES, check_model_path
 from tandem.registry import (
     BACKENDS,
+    DATASETS,
     REWARDS,
     SAMPLERS,
     Registry,
@@ -25,17 +37,91 @@ from tandem.registry import (
     check_arguments,
 )
 
+__all__ = ["ConfigError", "check_component", "config_error_message", "validate_train_config"]
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
 MONITORS = ("val/tandem/accuracy", "val/solo/accuracy")
+# the keys of the groups that build no object of their own: what tandem.train and the module read
+GENERATION_KEYS = ("temperature", "top_p", "top_k", "max_new_tokens")
+VALIDATION_KEYS = ("every_n_steps", "size", "sampler", "monitor", "temperature")
+MODEL_KEYS = ("name_or_path", "junior_name_or_path", "dtype", "junior_device")
+# keys of the data group that are the run's, not the source's
+DATA_RUN_KEYS = ("max_prompt_tokens",)
+# constructor arguments that tandem.train.build passes itself -> the key that sets them
+MODULE_FROM_RUN = {
+    "model": "model.name_or_path",
+    "sampler": "sampler",
+    "reward": "reward",
+    "generation": "generation",
+    "group_size": "group_size",
+    "dtype": "model.dtype",
+    "seed": "seed",
+    "val_sampler": "validation.sampler",
+    "val_temperature": "validation.temperature",
+}
+TRAINER_FROM_RUN = {
+    "callbacks": "the run's own callbacks",
+    "logger": "logger",
+    "default_root_dir": "output_dir",
+    "val_check_interval": "validation.every_n_steps",
+    "check_val_every_n_epoch": "validation.every_n_steps",
+    # the module optimises by hand (several optimizer steps per batch of rollouts)
+    "gradient_clip_val": "module.max_grad_norm",
+    "accumulate_grad_batches": "module.mini_batches",
+}
 
 
-class ConfigError(ValueError):
-    """One or more problems with a composed config."""
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+Rule = tuple[Callable[[Any], bool], str]
+# the range of every numeric key; a feature that can be off is off with null, never a negative
+RANGES: dict[str, Rule] = {
+    "seed": (lambda v: _int(v) and v >= 0, "an integer >= 0"),
+    "threads": (lambda v: v is None or (_int(v) and v >= 1), "an integer >= 1, or null (torch's)"),
+    "checkpoint_every_n_steps": (lambda v: _int(v) and v >= 1, "an integer >= 1"),
+    "generation.temperature": (lambda v: _number(v) and v > 0, "a number > 0"),
+    "generation.top_p": (lambda v: _number(v) and 0 < v <= 1, "in (0, 1] (1: off)"),
+    "generation.top_k": (lambda v: _int(v) and v >= 0, "an integer >= 0 (0: off)"),
+    "generation.max_new_tokens": (lambda v: _int(v) and v >= 1, "an integer >= 1"),
+    "module.lr": (lambda v: _number(v) and v > 0, "a number > 0"),
+    "module.weight_decay": (lambda v: _number(v) and v >= 0, "a number >= 0"),
+    "module.warmup_steps": (lambda v: _int(v) and v >= 0, "an integer >= 0 (0: no warmup)"),
+    "module.max_grad_norm": (
+        lambda v: v is None or (_number(v) and v > 0),
+        "a number > 0, or null for no clipping",
+    ),
+    "module.num_iterations": (lambda v: _int(v) and v >= 1, "an integer >= 1"),
+    "module.mini_batches": (lambda v: _int(v) and v >= 1, "an integer >= 1"),
+    "module.rollouts_to_log": (lambda v: _int(v) and v >= 0, "an integer >= 0 (0: none)"),
+    "module.rollout_log_every": (lambda v: _int(v) and v >= 1, "an integer >= 1"),
+    "module.drop_equal_groups": (lambda v: isinstance(v, bool), "true or false"),
+    "module.mask_truncated": (lambda v: isinstance(v, bool), "true or false"),
+    "validation.every_n_steps": (lambda v: _int(v) and v >= 1, "an integer >= 1"),
+    "validation.size": (
+        lambda v: v is None or (_int(v) and v >= 1),
+        "an integer >= 1, or null for the whole split",
+    ),
+    "validation.temperature": (lambda v: _number(v) and v >= 0, "a number >= 0 (0: greedy)"),
+    "data.max_prompt_tokens": (
+        lambda v: v is None or (_int(v) and v >= 1),
+        "an integer >= 1, or null for the model's context minus generation.max_new_tokens",
+    ),
+    "trainer.max_steps": (lambda v: _int(v) and v >= 1, "an integer >= 1: the run's length"),
+    "trainer.log_every_n_steps": (lambda v: _int(v) and v >= 1, "an integer >= 1"),
+}
 
 
 def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
     """Raise ``ConfigError`` listing every problem of a training config."""
     c = OmegaConf.to_container(cfg, resolve=False)
     problems: list[str] = []
+    _check_keys(problems, c)
     check_component(problems, "sampler", c.get("sampler"), SAMPLERS, skip=("tokenizer",))
     check_component(problems, "reward", c.get("reward"), REWARDS)
     val = c.get("validation") or {}
@@ -43,28 +129,42 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
         check_component(
             problems, "validation.sampler", val["sampler"], SAMPLERS, skip=("tokenizer",)
         )
-    _check_batch(problems, c, world_size)
-    _check_generation(problems, c.get("generation") or {})
-    _check_module(problems, c.get("module") or {})
-    backend = (c.get("module") or {}).get("backend")
-    if backend is not None:
-        check_component(
-            problems, "module.backend", backend, BACKENDS, skip=("senior", "junior", "tokenizer")
-        )
-    for key in ("name_or_path", "junior_name_or_path"):
-        value = (c.get("model") or {}).get(key)
-        if value is not None:
-            msg = check_model_path(value, f"model.{key}")
-            if msg:
-                problems.append(msg)
     if val.get("monitor") not in MONITORS:
         problems.append(
             f"validation.monitor ({val.get('monitor')!r}) must be one of {list(MONITORS)}."
         )
+    _check_batch(problems, c, world_size)
+    _check_ranges(problems, c)
+    _check_module(problems, c.get("module") or {})
+    for group in ("trainer", "logger"):
+        _check_targets(problems, group, c.get(group))
+    _check_model(problems, c.get("model") or {})
+    _check_data(problems, c.get("data"))
     if problems:
         raise ConfigError(
             f"{len(problems)} problem(s) in the config:\n" + "\n".join(f"- {p}" for p in problems)
         )
+
+
+def config_error_message(err: Exception) -> str:
+    """The message of a config error, ours or Hydra's, for one line on the command line.
+
+    Hydra refuses an override of a key that does not exist (``generation.temprature=1``) by
+    suggesting ``+``, which would only add the typo; here it gets a did-you-mean instead.
+    """
+    cause = err.__cause__
+    parent = getattr(cause, "parent_node", None)
+    key, full = getattr(cause, "key", None), getattr(cause, "full_key", None)
+    if isinstance(err, ConfigError) or parent is None or not key or not full:
+        return str(err).split("\nConfig search path:")[0].strip()
+    where = full[: -len(str(key))].rstrip(".")
+    known = [str(k) for k in parent]
+    close = difflib.get_close_matches(str(key), known, n=1)
+    hint = f" Did you mean {where + '.' if where else ''}{close[0]}?" if close else ""
+    return (
+        f"{full} is not a key of {where or 'the top level'}: fix its spelling, or add a new key "
+        f"with +{full}=...{hint} Known keys: {sorted(known)}."
+    )
 
 
 def check_component(
@@ -96,13 +196,91 @@ def check_component(
         )
 
 
+def unknown_keys(
+    problems: list[str],
+    where: str,
+    given: Any,
+    known: Iterable[str],
+    set_by: dict[str, str] | None = None,
+    listed: str | None = None,
+) -> None:
+    """Append a problem for every key of ``given`` (the group at ``where``) not in ``known``.
+
+    ``set_by``: keys the run sets itself, each with the key to set instead. ``listed``: how to
+    name the known keys when there are too many to list.
+    """
+    if not isinstance(given, dict):
+        return
+    known = sorted(set(known))
+    for key in given:
+        full = f"{where}.{key}" if where else str(key)
+        if key in known:
+            continue
+        if set_by and key in set_by:
+            problems.append(f"{full} is set by the run itself from {set_by[key]}: set that.")
+            continue
+        close = difflib.get_close_matches(str(key), known, n=1)
+        hint = f" Did you mean {where + '.' if where else ''}{close[0]}?" if close else ""
+        problems.append(
+            f"{full} is not a key of {where or 'the top level'}: fix its spelling or remove it."
+            f"{hint} Known keys: {listed or known}."
+        )
+
+
+def _check_keys(problems: list[str], c: dict) -> None:
+    unknown_keys(problems, "", c, _top_level_keys())
+    unknown_keys(problems, "generation", c.get("generation"), GENERATION_KEYS)
+    unknown_keys(problems, "validation", c.get("validation"), VALIDATION_KEYS)
+    unknown_keys(problems, "model", c.get("model"), MODEL_KEYS)
+    module = c.get("module") or {}
+    known = set(_arguments(TandemGRPO)) - set(MODULE_FROM_RUN)
+    unknown_keys(problems, "module", module, known, set_by=MODULE_FROM_RUN)
+    unknown_keys(problems, "module.loss", module.get("loss"), _arguments(LossConfig))
+
+
+@functools.cache
+def _top_level_keys() -> frozenset[str]:
+    """The keys ``conf/train.yaml`` declares, its config groups, and ``hydra``."""
+    spec = OmegaConf.to_container(OmegaConf.load(CONF / "train.yaml"), resolve=False)
+    groups = {
+        str(next(iter(d))).split("/")[0] for d in spec.get("defaults", []) if isinstance(d, dict)
+    }
+    return frozenset(set(spec) - {"defaults"} | groups | {"hydra"})
+
+
+def _arguments(fn: Callable[..., Any]) -> list[str]:
+    return [n for n in inspect.signature(fn).parameters if n != "self"]
+
+
+def _lookup(c: dict, dotted: str) -> tuple[bool, Any]:
+    node: Any = c
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
+
+
+def _check_ranges(problems: list[str], c: dict) -> None:
+    for key, (ok, rule) in RANGES.items():
+        present, value = _lookup(c, key)
+        if not present or (isinstance(value, str) and value.startswith("${")):
+            continue  # absent: the constructor's default; an interpolation: checked resolved
+        if not ok(value):
+            problems.append(f"{key} ({value!r}) must be {rule}. Set {key} to such a value.")
+
+
 def _check_batch(problems: list[str], c: dict, world_size: int) -> None:
     b, g = c.get("batch_size"), c.get("group_size")
-    if not _positive_int(g):
-        problems.append(f"group_size ({g!r}) must be a positive integer: rollouts per prompt.")
-    if not _positive_int(b):
+    if not (_int(g) and g >= 2):
+        problems.append(
+            f"group_size ({g!r}) must be an integer >= 2: GRPO scores each rollout against the "
+            "others of its prompt's group, so a group of one has advantage 0 and nothing is "
+            "learned. Set group_size=8 (the paper's)."
+        )
+    if not (_int(b) and b >= 1):
         problems.append(f"batch_size ({b!r}) must be a positive integer: rollouts per step.")
-    if _positive_int(b) and _positive_int(g):
+    if _int(b) and _int(g) and b >= 1 and g >= 1:
         if b % g:
             problems.append(
                 f"batch_size ({b}) must be divisible by group_size ({g}): GRPO normalises "
@@ -116,26 +294,11 @@ def _check_batch(problems: list[str], c: dict, world_size: int) -> None:
             )
 
 
-def _check_generation(problems: list[str], g: dict) -> None:
-    rules: dict[str, tuple[Callable[[Any], bool], str]] = {
-        "temperature": (lambda v: isinstance(v, int | float) and v > 0, "a number > 0"),
-        "top_p": (lambda v: isinstance(v, int | float) and 0 < v <= 1, "in (0, 1]"),
-        "top_k": (lambda v: isinstance(v, int) and v >= 0, "an integer >= 0 (0: off)"),
-        "max_new_tokens": (_positive_int, "a positive integer"),
-    }
-    for key, (ok, rule) in rules.items():
-        if key in g and not ok(g[key]):
-            problems.append(f"generation.{key} ({g[key]!r}) must be {rule}.")
-
-
 def _check_module(problems: list[str], m: dict) -> None:
     if m.get("advantage", "std") not in ADVANTAGE_MODES:
         problems.append(
             f"module.advantage ({m.get('advantage')!r}) must be one of {list(ADVANTAGE_MODES)}."
         )
-    for key in ("num_iterations", "mini_batches"):
-        if key in m and not _positive_int(m[key]):
-            problems.append(f"module.{key} ({m[key]!r}) must be a positive integer.")
     t = m.get("logprob_temperature")
     if t is not None and not (isinstance(t, int | float) and not isinstance(t, bool) and t > 0):
         problems.append(
@@ -147,16 +310,84 @@ def _check_module(problems: list[str], m: dict) -> None:
             f"module.old_logprobs ({m.get('old_logprobs')!r}) must be one of "
             f"{list(OLD_LOGPROB_SOURCES)}: where the loss's old log-probs come from."
         )
-    if "lr" in m and not (isinstance(m["lr"], int | float) and m["lr"] > 0):
-        problems.append(f"module.lr ({m['lr']!r}) must be a number > 0.")
-    loss = dict(m.get("loss") or {})
+    known = set(_arguments(LossConfig))
+    loss = {k: v for k, v in (m.get("loss") or {}).items() if k in known}
     if isinstance(loss.get("constant"), str):  # an interpolation, checked once resolved
         loss.pop("constant")
     try:
         LossConfig(**loss)
     except (TypeError, ValueError) as err:
         problems.append(f"module.loss: {err}")
+    backend = m.get("backend")
+    if backend is not None:
+        check_component(
+            problems, "module.backend", backend, BACKENDS, skip=("senior", "junior", "tokenizer")
+        )
 
 
-def _positive_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+def _check_targets(problems: list[str], group: str, spec: Any) -> None:
+    """Keys of ``_target_`` objects (the trainer, each logger) against their signatures."""
+    specs = [(group, spec)] if group == "trainer" else list(_indexed(group, spec))
+    for where, s in specs:
+        if not isinstance(s, dict) or "_target_" not in s:
+            problems.append(f"{where} must be a mapping with a `_target_` naming a class.")
+            continue
+        try:
+            cls = hydra.utils.get_class(s["_target_"])
+        except Exception as err:  # hydra raises several kinds for a path it cannot import
+            problems.append(f"{where}._target_ ({s['_target_']!r}) cannot be imported: {err}")
+            continue
+        params = inspect.signature(cls).parameters.values()
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+            continue
+        set_by = TRAINER_FROM_RUN if group == "trainer" else None
+        known = {*_arguments(cls), "_target_"} - set(set_by or {})
+        listed = f"the arguments of {s['_target_']}"
+        unknown_keys(problems, where, s, known, set_by=set_by, listed=listed)
+
+
+def _indexed(group: str, spec: Any) -> Iterable[tuple[str, Any]]:
+    if isinstance(spec, list):
+        return ((f"{group}.{i}", s) for i, s in enumerate(spec))
+    if isinstance(spec, dict) and "_target_" not in spec:
+        return ((f"{group}.{k}", s) for k, s in spec.items())
+    return [(group, spec)]
+
+
+def _check_model(problems: list[str], model: dict) -> None:
+    if model.get("dtype", "float32") not in DTYPES:
+        problems.append(
+            f"model.dtype ({model.get('dtype')!r}) must be one of {sorted(DTYPES)}: "
+            "float32 on CPU, bfloat16 on recent GPUs."
+        )
+    for key in ("name_or_path", "junior_name_or_path"):
+        value = model.get(key)
+        required = key == "name_or_path"
+        if (required or value is not None) and (msg := check_model_path(value, f"model.{key}")):
+            problems.append(msg)
+
+
+def _check_data(problems: list[str], data: Any) -> None:
+    if not isinstance(data, dict) or "name" not in data:
+        problems.append("data must be a mapping with a `name` naming a dataset source.")
+        return
+    try:
+        cls = DATASETS.get(data["name"])
+    except RegistryError as err:
+        problems.append(f"data.name: {err}")
+        return
+    known = {*_arguments(cls), *DATA_RUN_KEYS, "name"}
+    unknown_keys(problems, "data", data, known)
+    args = {k: v for k, v in data.items() if k in known and k not in (*DATA_RUN_KEYS, "name")}
+    try:
+        check_arguments(cls, args, where="data")
+    except RegistryError as err:
+        problems.append(str(err))
+        return
+    try:
+        cls(**args)  # sources only store and check their arguments here; loading comes later
+    except (TypeError, ValueError) as err:
+        problems.append(f"data: {err}")
+        return
+    if data["name"] == "hf":
+        check_hf_source(problems, "data", args)

@@ -8,7 +8,8 @@ runs ``Trainer.fit``. Sweeps are Hydra multiruns::
 
 Each run writes to its own folder (``outputs/<run_name>`` or ``multirun/<run_name>/<job>``);
 all runs share one Aim repository. A killed run resumes with the same ``run_name`` and
-``ckpt_path=last``.
+``ckpt_path=last``. A config problem (``tandem.config``, or Hydra's own, such as an override of
+a key that does not exist) ends the run with one message and exit status 2, no traceback.
 
 What this file leaves out: the training step (``tandem.modules.grpo``).
 """
@@ -16,21 +17,24 @@ What this file leaves out: the training step (``tandem.modules.grpo``).
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import hydra
 import lightning as L
 import torch
+from hydra.errors import CompactHydraException
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
-from tandem.config import validate_train_config
-from tandem.data.datamodule import PromptDataModule
+from tandem.config import ConfigError, config_error_message, validate_train_config
+from tandem.data.datamodule import PromptDataModule, prompt_token_cap
 from tandem.modules.export import ExportSenior
 from tandem.modules.grpo import TandemGRPO
 from tandem.modules.junior import JuniorCallback
-from tandem.modules.models import load_tokenizer
+from tandem.modules.models import context_length, load_tokenizer
 from tandem.modules.progress import StepProgressBar
 from tandem.provenance import record_start
 
@@ -50,13 +54,17 @@ def build(cfg: DictConfig) -> tuple[L.Trainer, TandemGRPO, PromptDataModule, str
     out = Path(cfg.output_dir)
     c = OmegaConf.to_container(cfg, resolve=True)
     tokenizer = load_tokenizer(cfg.model.name_or_path)
+    source = dict(c["data"])
+    context = context_length(cfg.model.name_or_path)
+    max_new = cfg.generation.max_new_tokens
     data = PromptDataModule(
-        source=c["data"],
+        source=source,
         tokenizer=tokenizer,
         batch_size=cfg.batch_size // cfg.group_size,
         val_size=cfg.validation.size,
         seed=cfg.seed,
         **c["prompt"],
+        max_prompt_tokens=prompt_token_cap(source.pop("max_prompt_tokens", None), context, max_new),
     )
     module = TandemGRPO(
         model=cfg.model.name_or_path,
@@ -145,10 +153,32 @@ def run(cfg: DictConfig) -> dict[str, Any]:
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    metrics = run(cfg)
+    try:
+        metrics = run(cfg)
+    except ConfigError as err:
+        # leaving here, not through Hydra's handler, keeps the message to itself: no traceback
+        exit_config_error(err)
     # returned for sweepers that optimise a metric
     return metrics.get(cfg.validation.monitor)
 
 
+def cli() -> None:
+    """``python -m tandem.train``: a config problem is one message and exit status 2."""
+    # Hydra prints its own errors with a trimmed traceback and exits 1; HYDRA_FULL_ERROR makes it
+    # raise them instead, so that its composition errors (an override of a key that does not
+    # exist, an unknown option of a group) end here like the checks of tandem.config do
+    os.environ.setdefault("HYDRA_FULL_ERROR", "1")
+    try:
+        main()
+    except CompactHydraException as err:
+        exit_config_error(err)
+
+
+def exit_config_error(err: Exception) -> NoReturn:
+    """Print a config error as one message (problems on the lines below) and exit with 2."""
+    print(f"config error: {config_error_message(err)}", file=sys.stderr)
+    sys.exit(2)
+
+
 if __name__ == "__main__":
-    main()
+    cli()

@@ -59,7 +59,7 @@ STUDIES = {
 
 
 @pytest.mark.parametrize("name", list(STUDIES))
-def test_every_job_of_the_study_validates(name: str) -> None:
+def test_every_job_of_the_study_validates(name: str, hub_online: None) -> None:
     jobs = sweep(study_config(name))
     arms = STUDIES[name]
     assert len(jobs) == 3 * len(arms), jobs  # every arm x 3 seeds

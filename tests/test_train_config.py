@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
 
-from tandem.config import ConfigError, validate_train_config
+from tandem.config import ConfigError, config_error_message, validate_train_config
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 
@@ -99,7 +104,7 @@ def test_the_readme_sweep_composes_for_every_sampler() -> None:
 
 
 @pytest.mark.parametrize("trainer", ["gpu", "ddp", "fsdp"])
-def test_paper_scale_configs_compose(trainer: str) -> None:
+def test_paper_scale_configs_compose(trainer: str, hub_online: None) -> None:
     cfg = train_config("model=qwen3_4b", "data=deepscaler", f"trainer={trainer}", "experiment=trl")
     validate_train_config(cfg, world_size=2 if trainer != "gpu" else 1)
     assert cfg.model.name_or_path == "Qwen/Qwen3-4B-Instruct-2507"
@@ -112,3 +117,249 @@ def test_rollout_backend_is_checked_before_anything_loads() -> None:
     assert "module.backend.name" in problems and "vllm" in problems
     problems = _problems("+module.backend.sync_evry=2")
     assert "sync_evry" in problems
+
+
+# -- every key of every group is known --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("override", "named", "suggested"),
+    [
+        ("+sed=1", "sed is not a key of the top level", "seed"),
+        ("+generation.temprature=1", "generation.temprature", "generation.temperature"),
+        ("+validation.evry_n_steps=2", "validation.evry_n_steps", "validation.every_n_steps"),
+        ("+model.dtyp=float32", "model.dtyp", "model.dtype"),
+        ("+module.lrr=1", "module.lrr", "module.lr"),
+        ("+module.loss.clip_hgh=0.3", "module.loss.clip_hgh", "module.loss.clip_high"),
+        ("+data.max_prompt_token=9", "data.max_prompt_token", "data.max_prompt_tokens"),
+        ("+data.sed=1", "data.sed", "data.seed"),
+        ("+trainer.max_stesp=3", "trainer.max_stesp", "trainer.max_steps"),
+        ("+logger.1.save_dri=x", "logger.1.save_dri", "logger.1.save_dir"),
+        ("+reward.timout=1", "unknown argument 'timout'", "'timeout'"),
+    ],
+)
+def test_a_key_added_with_a_typo_is_named_with_the_closest(
+    override: str, named: str, suggested: str
+) -> None:
+    message = _problems(override)
+    assert message.startswith("1 problem(s)"), message
+    assert named in message and suggested in message
+
+
+def test_a_plain_override_of_a_missing_key_gets_a_did_you_mean() -> None:
+    with pytest.raises(ConfigCompositionException) as err:
+        train_config("generation.temprature=0.5")
+    message = config_error_message(err.value)
+    assert message.startswith("generation.temprature is not a key of generation")
+    assert "Did you mean generation.temperature?" in message
+    assert "+generation.temprature=" in message  # how to add a key that really is new
+
+
+@pytest.mark.parametrize(
+    ("override", "instead"),
+    [
+        ("+module.seed=3", "from seed"),
+        ("+module.group_size=4", "from group_size"),
+        ("+trainer.gradient_clip_val=1.0", "from module.max_grad_norm"),
+        ("+trainer.val_check_interval=5", "from validation.every_n_steps"),
+    ],
+)
+def test_a_key_the_run_sets_itself_names_the_key_to_set(override: str, instead: str) -> None:
+    message = _problems(override)
+    assert "is set by the run itself" in message and instead in message
+
+
+# -- ranges ------------------------------------------------------------------------------------
+
+
+def test_a_group_of_one_is_refused_with_the_reason() -> None:
+    message = _problems("group_size=1", "batch_size=8")
+    assert "group_size (1) must be an integer >= 2" in message
+    assert "advantage 0" in message and "Set group_size=8" in message
+
+
+@pytest.mark.parametrize(
+    ("override", "rule"),
+    [
+        ("module.max_grad_norm=-1", "module.max_grad_norm (-1) must be a number > 0, or null"),
+        ("module.warmup_steps=-2", "module.warmup_steps (-2) must be an integer >= 0"),
+        ("module.lr=0", "module.lr (0) must be a number > 0"),
+        ("module.weight_decay=-0.1", "module.weight_decay (-0.1) must be a number >= 0"),
+        ("checkpoint_every_n_steps=0", "checkpoint_every_n_steps (0) must be an integer >= 1"),
+        ("validation.size=0", "validation.size (0) must be an integer >= 1, or null"),
+        ("validation.every_n_steps=0", "validation.every_n_steps (0) must be an integer >= 1"),
+        ("validation.temperature=-1", "validation.temperature (-1) must be a number >= 0"),
+        ("generation.temperature=0", "generation.temperature (0) must be a number > 0"),
+        ("generation.top_p=1.5", "generation.top_p (1.5) must be in (0, 1]"),
+        ("generation.top_k=-1", "generation.top_k (-1) must be an integer >= 0"),
+        ("generation.max_new_tokens=0", "generation.max_new_tokens (0) must be an integer >= 1"),
+        ("data.max_prompt_tokens=0", "data.max_prompt_tokens (0) must be an integer >= 1, or"),
+        ("trainer.max_steps=-1", "trainer.max_steps (-1) must be an integer >= 1"),
+        ("seed=-3", "seed (-3) must be an integer >= 0"),
+        ("threads=0", "threads (0) must be an integer >= 1, or null"),
+        ("model.dtype=float8", "model.dtype ('float8') must be one of"),
+    ],
+)
+def test_every_numeric_key_has_a_range(override: str, rule: str) -> None:
+    assert rule in _problems(override)
+
+
+def test_null_turns_features_off() -> None:
+    validate_train_config(
+        train_config(
+            "module.max_grad_norm=null",
+            "validation.size=null",
+            "threads=null",
+            "data.max_prompt_tokens=null",
+        )
+    )
+
+
+# -- hub names on a machine that cannot reach the hub ------------------------------------------
+
+# a name that no cache holds
+NO_SUCH_MODEL = "tandem-tests/no-such-model"
+
+
+@pytest.fixture
+def hub_unreachable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hub that never answers: every request hangs far longer than anyone would wait."""
+    import tandem.hub
+
+    class Hanging:
+        def head(self, *args: object, **kwargs: object) -> None:
+            time.sleep(120)
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(tandem.hub, "get_session", Hanging)
+    tandem.hub.hub_reachable.cache_clear()
+    yield
+    tandem.hub.hub_reachable.cache_clear()
+
+
+def test_a_hub_name_the_hub_cannot_serve_is_refused_in_seconds(hub_unreachable: None) -> None:
+    start = time.monotonic()
+    message = _problems(f"model.name_or_path={NO_SUCH_MODEL}", "group_size=1", "batch_size=4")
+    elapsed = time.monotonic() - start
+    assert elapsed < 10, f"took {elapsed:.1f} s"
+    assert f"model.name_or_path ('{NO_SUCH_MODEL}') is not a local folder" in message
+    assert "cannot be reached" in message and "HF_HUB_OFFLINE=1" in message
+    assert "group_size (1)" in message, "the other problems are still reported"
+
+
+def test_hf_hub_offline_refuses_without_asking_the_network(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import tandem.hub
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(tandem.hub, "hub_reachable", lambda: pytest.fail("asked the network"))
+    message = _problems("model=qwen3_4b", "data=deepscaler")
+    assert "model.name_or_path ('Qwen/Qwen3-4B-Instruct-2507')" in message
+    assert "data.path ('agentica-org/DeepScaleR-Preview-Dataset')" in message
+    assert message.count("HF_HUB_OFFLINE is set") == 2
+
+
+# -- data files --------------------------------------------------------------------------------
+
+
+def _file_problems(path: Path) -> str:
+    return _problems(
+        "data=deepscaler", "data.path=json", f"+data.data_files={path}", "data.holdout=1"
+    )
+
+
+def test_a_missing_data_file_is_named_with_its_key(tmp_path: Path) -> None:
+    message = _file_problems(tmp_path / "nowhere.jsonl")
+    assert f"data.data_files ('{tmp_path / 'nowhere.jsonl'}'): no such file" in message
+
+
+def test_an_empty_data_file_is_named(tmp_path: Path) -> None:
+    (tmp_path / "empty.jsonl").write_text("\n  \n")
+    assert "data.data_files" in (message := _file_problems(tmp_path / "empty.jsonl"))
+    assert "is empty" in message
+
+
+def test_a_byte_that_is_not_utf8_is_named_with_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.jsonl"
+    rows = ['{"problem": "1 + 1?", "answer": "2"}', '{"problem": "caf\xe9?", "answer": "1"}']
+    path.write_bytes("\n".join(["", *rows]).encode("latin-1"))  # the bad byte is on line 3
+    message = _file_problems(path)
+    assert "data.data_files" in message and str(path) in message
+    assert "line 3 is not UTF-8 (byte 0xe9 at column 17)" in message
+
+
+def test_a_jsonl_line_that_is_not_json_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "set.jsonl"
+    path.write_text('{"problem": "1 + 1?", "answer": "2"}\n{"problem": "2 + 2?", "answer": 4\n')
+    assert "line 2 is not JSON" in _file_problems(path)
+
+
+def test_files_of_every_split_and_glob_are_checked(tmp_path: Path) -> None:
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"problem": "1 + 1?", "answer": "2"}\n')
+    (tmp_path / "empty.csv").write_text("")
+    message = _problems(
+        "data=deepscaler",
+        "data.path=json",
+        "data.holdout=0",
+        f"+data.data_files={{train: {good}, validation: '{tmp_path}/*.csv'}}",
+        "+data.splits.validation=validation",
+    )
+    assert message.startswith("1 problem(s)")
+    assert f"data.data_files.validation ('{tmp_path}/empty.csv') is empty" in message
+
+
+# -- the command line: exit status 2, one message, no traceback --------------------------------
+
+
+def _cli(*overrides: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tandem.train", "hydra.run.dir=${oc.env:TMPDIR,/tmp}", *overrides],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def _one_message(proc: subprocess.CompletedProcess) -> list[str]:
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    lines = proc.stderr.strip().splitlines()
+    assert lines[0].startswith("config error: ")
+    assert all(line.startswith("- ") for line in lines[1:]), lines
+    return lines
+
+
+def test_the_command_line_reports_every_problem_at_once_fast_and_exits_2(tmp_path: Path) -> None:
+    bad = tmp_path / "latin1.jsonl"
+    bad.write_bytes(b'{"problem": "caf\xe9", "answer": "1"}\n')
+    start = time.monotonic()
+    proc = _cli(
+        f"model.name_or_path={NO_SUCH_MODEL}",
+        "+module.lrr=1",
+        "group_size=1",
+        "batch_size=4",
+        "data=deepscaler",
+        "data.path=json",
+        f"+data.data_files={bad}",
+        "data.holdout=1",
+        # a closed local port: the hub probe is refused at once, as on a machine without network
+        env={"HF_ENDPOINT": "http://127.0.0.1:9"},
+    )
+    elapsed = time.monotonic() - start
+    lines = _one_message(proc)
+    assert lines[0] == "config error: 4 problem(s) in the config:"
+    assert any("module.lrr" in line and "module.lr?" in line for line in lines)
+    assert any("group_size (1)" in line for line in lines)
+    assert any(f"{bad}'): line 1 is not UTF-8" in line for line in lines)
+    assert any("model.name_or_path" in line and "cannot be reached" in line for line in lines)
+    # the hub's retries this replaces took 54 s; what is left is starting Python and torch
+    assert elapsed < 30, f"took {elapsed:.1f} s"
+
+
+def test_the_command_line_names_a_plain_typo() -> None:
+    (line,) = _one_message(_cli("trainer.max_stesp=3"))
+    assert "trainer.max_stesp is not a key of trainer" in line
+    assert "Did you mean trainer.max_steps?" in line

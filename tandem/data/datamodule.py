@@ -22,6 +22,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from tandem.data.prompts import INSTRUCTION, format_prompt
+from tandem.errors import ConfigError
 from tandem.registry import DATASETS
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,54 @@ class PromptBatch:
             ),
             index=self.index,
         )
+
+
+def prompt_token_cap(
+    max_prompt_tokens: int | None, context: int | None, max_new_tokens: int
+) -> int | None:
+    """The most prompt tokens a run allows (None: no cap, for a model that names no context).
+
+    ``max_prompt_tokens`` is the user's cap (``data.max_prompt_tokens``); None means the model's
+    ``context`` less the room the responses need (``generation.max_new_tokens``).
+    """
+    if context is None:
+        return max_prompt_tokens
+    room = context - max_new_tokens
+    if max_prompt_tokens is None:
+        if room < 1:
+            raise ConfigError(
+                f"generation.max_new_tokens ({max_new_tokens}) leaves no room for a prompt in the "
+                f"model's context ({context} tokens). Lower generation.max_new_tokens."
+            )
+        return room
+    if max_prompt_tokens > room:
+        raise ConfigError(
+            f"data.max_prompt_tokens ({max_prompt_tokens}) plus generation.max_new_tokens "
+            f"({max_new_tokens}) exceed the model's context ({context} tokens). Set "
+            f"data.max_prompt_tokens to at most {room}, or null for exactly that."
+        )
+    return max_prompt_tokens
+
+
+def fitting_prompts(
+    tokenizer: Any, texts: list[str], cap: int | None
+) -> tuple[list[int], list[list[int]]]:
+    """The indices and token ids of the ``texts`` of at most ``cap`` tokens (all for None).
+
+    A text longer in characters than ``cap`` times the longest token in the vocabulary cannot fit
+    and is dropped untokenized: tokenizing a megabyte-long prompt can itself take minutes. (Each
+    token covers at most as many characters as its vocabulary entry has: one per byte in
+    byte-level BPE, one per character in SentencePiece.)
+    """
+    if cap is None:
+        return list(range(len(texts))), tokenizer(texts, add_special_tokens=False)["input_ids"]
+    longest = max(map(len, tokenizer.get_vocab()))
+    short = [i for i, t in enumerate(texts) if len(t) <= cap * longest]
+    if not short:
+        return [], []
+    ids = tokenizer([texts[i] for i in short], add_special_tokens=False)["input_ids"]
+    kept = [(i, x) for i, x in zip(short, ids, strict=True) if len(x) <= cap]
+    return [i for i, _ in kept], [x for _, x in kept]
 
 
 class _StepStream(IterableDataset):
@@ -105,6 +154,9 @@ class PromptDataModule(L.LightningDataModule):
         seed: decides the order of training prompts.
         instruction: appended to each problem; asks for the answer format the reward reads.
         separator: between the problem and the instruction.
+        max_prompt_tokens: prompts longer than this (chat-formatted, in tokens) are dropped at
+            load time, counted and reported, so no prompt can outgrow the model's context
+            (None: no cap). See ``prompt_token_cap``.
     """
 
     def __init__(
@@ -117,6 +169,7 @@ class PromptDataModule(L.LightningDataModule):
         seed: int = 0,
         instruction: str = INSTRUCTION,
         separator: str = "\n",
+        max_prompt_tokens: int | None = None,
     ) -> None:
         super().__init__()
         source = dict(source)
@@ -124,8 +177,10 @@ class PromptDataModule(L.LightningDataModule):
         self.tokenizer, self.batch_size, self.seed = tokenizer, batch_size, seed
         self.val_size, self.val_batch_size = val_size, val_batch_size
         self.instruction, self.separator = instruction, separator
+        self.max_prompt_tokens = max_prompt_tokens
         self.consumed = 0  # training batches handed out so far: the resume position
         self.splits: dict[str, dict[str, list]] = {}
+        self.dropped: dict[str, int] = {}  # prompts over max_prompt_tokens, per split
 
     def setup(self, stage: str | None = None) -> None:
         for split in ("train", "validation"):
@@ -139,8 +194,44 @@ class PromptDataModule(L.LightningDataModule):
             texts = [
                 format_prompt(self.tokenizer, p, self.instruction, self.separator) for p in problems
             ]
-            ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
-            self.splits[split] = {"problems": problems, "answers": answers, "ids": ids}
+            keep, ids = fitting_prompts(self.tokenizer, texts, self.max_prompt_tokens)
+            self.dropped[split] = len(texts) - len(keep)
+            self._report_dropped(split, len(texts))
+            self.splits[split] = {
+                "problems": [problems[i] for i in keep],
+                "answers": [answers[i] for i in keep],
+                "ids": ids,
+            }
+        if self.trainer is not None:
+            for logger in self.trainer.loggers:
+                logger.log_metrics(
+                    {
+                        "data/dropped_prompts": float(self.dropped["train"]),
+                        "data/dropped_val_prompts": float(self.dropped["validation"]),
+                    },
+                    step=0,
+                )
+
+    def _report_dropped(self, split: str, total: int) -> None:
+        dropped = self.dropped[split]
+        if not dropped:
+            return
+        cap = self.max_prompt_tokens
+        if dropped == total:
+            raise ConfigError(
+                f"every {split} prompt ({total}) is longer than data.max_prompt_tokens ({cap} "
+                "tokens, chat template included): no {split} prompt is left. Raise "
+                "data.max_prompt_tokens (null: the model's context minus "
+                "generation.max_new_tokens), or lower generation.max_new_tokens."
+            )
+        log.warning(
+            "data %s: dropped %d of %d prompts longer than %d tokens (data.max_prompt_tokens); "
+            "they are never fed to the model",
+            split,
+            dropped,
+            total,
+            cap,
+        )
 
     def _batch(self, split: str, indices: list[int], index: int = -1) -> PromptBatch:
         s = self.splits[split]

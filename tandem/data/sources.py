@@ -21,8 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+from datasets.exceptions import DatasetGenerationError
 
 from tandem.data.arithmetic import Difficulty, make_splits
+from tandem.errors import ConfigError
 from tandem.registry import DATASETS
 
 log = logging.getLogger(__name__)
@@ -225,9 +227,18 @@ class HFSource:
                 f"dataset {self.path!r} maps splits {self.splits}; add {split!r} under "
                 f"`splits` to use it."
             )
-        return datasets.load_dataset(
-            self.path, self.name, data_files=self.data_files, split=self.splits[split]
-        )
+        try:
+            return datasets.load_dataset(
+                self.path, self.name, data_files=self.data_files, split=self.splits[split]
+            )
+        except DatasetGenerationError as err:
+            # its own message says only "An error occurred"; what went wrong is the cause
+            files = f" (data_files {self.data_files})" if self.data_files else ""
+            raise ConfigError(
+                f"dataset {self.path!r}{files} could not be read: {err.__cause__ or err}. "
+                "Check that the files are in the format the builder expects (JSON, JSONL, CSV, "
+                "Parquet)."
+            ) from err
 
 
 def _boxed(solution: Any) -> str | None:

@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from tandem.assets import TINY_WORLD
+from tandem.hub import hub_problem
 
 ALIASES = {"tiny": TINY_WORLD}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -29,7 +30,13 @@ def looks_local(name_or_path: str) -> bool:
 
 
 def check_model_path(name_or_path: str, key: str) -> str | None:
-    """An error message if ``name_or_path`` names a local folder that is not a model, else None."""
+    """Why ``name_or_path`` (the value of ``key``) cannot be loaded here, or None.
+
+    A local folder must hold a ``config.json``; a hub name must be in the local cache or the hub
+    must be reachable (``tandem.hub``), so that an offline machine refuses it in seconds.
+    """
+    if not isinstance(name_or_path, str) or not name_or_path:
+        return f"{key} ({name_or_path!r}) must name a model: a hub name, a folder, or `tiny`."
     path = resolve(name_or_path)
     if looks_local(path):
         folder = Path(path).expanduser()
@@ -38,7 +45,15 @@ def check_model_path(name_or_path: str, key: str) -> str | None:
                 f"{key} ({name_or_path!r}) is not a model folder: {folder} has no config.json. "
                 "Give a Hugging Face hub name, a folder written by save_pretrained, or `tiny`."
             )
-    return None
+        return None
+    return hub_problem(path, key)
+
+
+def context_length(name_or_path: str) -> int | None:
+    """The most positions the model attends to (``max_position_embeddings``), if it says."""
+    config = AutoConfig.from_pretrained(resolve(name_or_path))
+    value = getattr(config, "max_position_embeddings", None)
+    return value if isinstance(value, int) and value > 0 else None
 
 
 def load_causal_lm(name_or_path: str, dtype: str = "float32") -> torch.nn.Module:

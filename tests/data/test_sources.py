@@ -10,6 +10,7 @@ from transformers import AutoTokenizer
 from tandem.assets import TINY_WORLD
 from tandem.data.datamodule import PromptDataModule
 from tandem.data.sources import ArithmeticSource, HFSource
+from tandem.errors import ConfigError
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +50,14 @@ def test_wrong_column_names_are_named(tmp_path) -> None:
     source = HFSource("json", splits={"test": "train"}, data_files=str(path))
     with pytest.raises(KeyError, match=r"no column\(s\) \['problem', 'answer'\].*problem_column"):
         source.load("test")
+
+
+def test_a_file_the_builder_cannot_parse_is_named_with_the_reason(tmp_path) -> None:
+    path = tmp_path / "set.json"
+    path.write_text('[{"problem": "a", "answer": "1"},\n{"problem": "b", answer: 2}]\n')
+    source = HFSource("json", data_files=str(path))
+    with pytest.raises(ConfigError, match=r"set\.json.*could not be read: Expected object"):
+        source.load("train")
 
 
 def test_unknown_split_is_named() -> None:

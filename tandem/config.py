@@ -139,7 +139,7 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
     for group in ("trainer", "logger"):
         _check_targets(problems, group, c.get(group))
     _check_model(problems, c.get("model") or {})
-    _check_data(problems, c.get("data"))
+    _check_data(problems, _resolved(cfg, "data", c.get("data")))
     if problems:
         raise ConfigError(
             f"{len(problems)} problem(s) in the config:\n" + "\n".join(f"- {p}" for p in problems)
@@ -365,6 +365,15 @@ def _check_model(problems: list[str], model: dict) -> None:
         required = key == "name_or_path"
         if (required or value is not None) and (msg := check_model_path(value, f"model.{key}")):
             problems.append(msg)
+
+
+def _resolved(cfg: DictConfig, key: str, fallback: Any) -> Any:
+    """``cfg[key]`` with its interpolations (``${datasets_dir}``) resolved, or ``fallback``
+    (unresolved) when one cannot be: what is wrong is then reported where it is read."""
+    try:
+        return OmegaConf.to_container(cfg[key], resolve=True)
+    except Exception:  # any resolution failure leaves the raw value
+        return fallback
 
 
 def _check_data(problems: list[str], data: Any) -> None:

@@ -30,6 +30,16 @@ def check_hf_source(problems: list[str], key: str, spec: dict[str, Any]) -> None
     if not isinstance(path, str) or not path:
         problems.append(f"{key}.path ({path!r}) must name a dataset: a hub name or a builder.")
         return
+    root = spec.get("root")
+    if isinstance(root, str) and root and files is None:
+        folder = Path(root).expanduser() / path
+        if not folder.is_dir():
+            problems.append(
+                f"{key}.root ({root!r}) holds no copy of {path!r}: {folder} is not a folder. "
+                f"Download it there (huggingface-cli download {path} --repo-type dataset "
+                f"--local-dir {folder}) or set {key}.root (datasets_dir) to null for the hub."
+            )
+        return
     if files is not None:
         for where, pattern in _patterns(f"{key}.data_files", files):
             for file_key, file in _expand(problems, where, pattern):

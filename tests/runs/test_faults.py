@@ -110,30 +110,40 @@ def test_kills_in_every_phase_and_bad_checkpoints_still_give_the_straight_senior
 
 @pytest.mark.slow
 def test_random_kills_then_resume_give_the_straight_senior(tmp_path: Path) -> None:
-    steps = 10
+    steps = 20
     straight, out = tmp_path / "straight", tmp_path / "killed"
     run(config(straight, *FAST, f"trainer.max_steps={steps}"))
     rng = random.Random(0)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("TANDEM_FAULT", None)
-    landed = []
-    for _ in range(6):
+    landed, saved = [], 0
+    # random kills while there is room left for the named ones below
+    while len(landed) < 6 and saved < steps - 4:
         command = cli(out, *FAST, f"trainer.max_steps={steps}", "ckpt_path=last")
         proc = subprocess.Popen(
             command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
         )
-        time.sleep(rng.uniform(8, 25))  # imports take ~5-10 s here, a step about one
+        # once this start has trained a step, at a random moment: in a step or a write
+        while proc.poll() is None and _newest_step(out) <= saved:
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0.0, 1.5))
         proc.kill()
         proc.wait()
-        found = newest_verified(out / "checkpoints") if (out / "checkpoints").exists() else None
-        landed.append((found.name if found else None, temporaries(out)))
-    for fault in ("update@7", "checkpoint@8", f"export@{steps}"):
-        assert start(out, steps, fault=fault).returncode == -signal.SIGKILL
+        saved = _newest_step(out)
+        landed.append((saved, temporaries(out)))
+    for fault in (f"update@{saved + 1}", f"checkpoint@{saved + 2}", f"export@{steps}"):
+        r = start(out, steps, fault=fault)
+        assert r.returncode == -signal.SIGKILL, (fault, r.stderr[-2000:])
     r = start(out, steps)
     assert r.returncode == 0, r.stderr[-3000:]
     assert temporaries(out) == []
     assert_same_senior(straight / "senior", out / "senior")
-    print("random kills left (newest verified checkpoint, temporaries):", landed)
+    print("random kills left (newest verified step, temporaries):", landed)
+
+
+def _newest_step(out: Path) -> int:
+    found = newest_verified(out / "checkpoints") if (out / "checkpoints").exists() else None
+    return int(found.stem.split("-")[1]) if found else 0
 
 
 def _pids(names: list[str]) -> list[str]:

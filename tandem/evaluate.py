@@ -17,6 +17,7 @@ What this file leaves out: the evaluation itself (``tandem.evaluation``).
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,10 @@ from tandem.evaluation.records import RecordWriter
 from tandem.evaluation.results import log_to_aim, write_results
 from tandem.evaluation.runner import Evaluator
 from tandem.evaluation.sets import build_sets
+from tandem.modules.export import check_senior
 from tandem.registry import REWARDS
+from tandem.runs import RunRefused
+from tandem.runs.checkpoints import verify
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +53,24 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         torch.set_num_threads(threads)
 
 
+def check_senior_input(senior: str) -> None:
+    """Refuse (``RunRefused``) a senior folder that is not whole (a cut-short export) and a
+    checkpoint that fails its checksum, before anything loads."""
+    path = Path(str(senior)).expanduser()
+    problem = None
+    if path.is_dir():
+        problem = check_senior(path)
+    elif path.is_file() and Path(f"{path}.sha256").is_file():
+        problem = verify(path)
+    if problem:
+        raise RunRefused(
+            f"senior={senior}: {problem}. Export it again (python -m tandem.train "
+            f"run_name=<its run> ckpt_path=last re-exports a finished run), or give another senior."
+        )
+
+
 def _run(cfg: DictConfig) -> dict[str, Any]:
+    check_senior_input(cfg.senior)
     c = OmegaConf.to_container(cfg, resolve=True)
     out = Path(cfg.output_dir)
     sets = build_sets(c["eval"])
@@ -105,7 +126,12 @@ def _run(cfg: DictConfig) -> dict[str, Any]:
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="evaluate")
 def main(cfg: DictConfig) -> float | None:
-    results = run(cfg)
+    try:
+        results = run(cfg)
+    except RunRefused as err:
+        # the user's to act on: one line, no traceback, exit status 2
+        print(f"tandem.evaluate: {err}", file=sys.stderr)
+        sys.exit(err.exit_code)
     # returned for sweepers that optimise a metric
     return results["macro"].get("solo/pass@1")
 

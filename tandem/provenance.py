@@ -1,6 +1,6 @@
 """Which source a result came from: the git commit of the code, recorded with every run.
 
-What this file leaves out: everything else about a run (Hydra writes its config).
+What this file leaves out: everything else about a run (``tandem.runs.start`` saves its config).
 """
 
 from __future__ import annotations
@@ -25,14 +25,15 @@ def source_commit() -> str:
     return head + ("+dirty" if dirty else "")
 
 
-def record_start(folder: str | Path, step: int = 0) -> dict[str, Any]:
-    """Append this start (commit, optimizer step it starts from, time) to
-    ``<folder>/run_info.json``; a resumed run adds one entry per start, so a run resumed under
-    other code shows it. Returns the file's content."""
+def record_start(folder: str | Path, step: int = 0, **extra: Any) -> dict[str, Any]:
+    """Append this start (commit, optimizer step it starts from, time, and ``extra``: the
+    start's saved config and its changes, say) to ``<folder>/run_info.json``; a resumed run adds
+    one entry per start, so a run resumed under other code or another config shows it. Returns
+    the file's content."""
     path = Path(folder) / "run_info.json"
     info = json.loads(path.read_text()) if path.is_file() else {"starts": []}
     now = time.strftime("%Y-%m-%dT%H:%M:%S")
-    info["starts"].append({"commit": source_commit(), "step": step, "time": now})
+    info["starts"].append({"commit": source_commit(), "step": step, "time": now, **extra})
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(info, indent=2) + "\n")
     return info

@@ -6,10 +6,14 @@ runs ``Trainer.fit``. Sweeps are Hydra multiruns::
 
     python -m tandem.train -m sampler=word,token,sentence sampler.p=0.25,0.5,0.75
 
-Each run writes to its own folder (``outputs/<run_name>`` or ``multirun/<run_name>/<job>``);
-all runs share one Aim repository. A killed run resumes with the same ``run_name`` and
-``ckpt_path=last``. A config problem (``tandem.config``, or Hydra's own, such as an override of
-a key that does not exist) ends the run with one message and exit status 2, no traceback.
+Each run writes to its own folder (``outputs/<run_name>`` or ``multirun/<run_name>/<job>``),
+which it locks for its whole life; all runs share one Aim repository. A killed run resumes with
+the same ``run_name`` and ``ckpt_path=last`` (``tandem.runs``: what a start checks and records).
+
+Exit status: 0 for a finished run, 2 for a refused start (one message on stderr, no traceback:
+a config error, ``tandem.config``'s or Hydra's own such as an override of a key that does not
+exist; a held folder; a resume that would change what the checkpoint means), 128 + the signal
+(143 for SIGTERM, 130 for SIGINT) for a run a signal stopped after saving its checkpoint.
 
 What this file leaves out: the training step (``tandem.modules.grpo``).
 """
@@ -36,7 +40,10 @@ from tandem.modules.grpo import TandemGRPO
 from tandem.modules.junior import JuniorCallback
 from tandem.modules.models import context_length, load_tokenizer
 from tandem.modules.progress import StepProgressBar
-from tandem.provenance import record_start
+from tandem.runs import RunInterrupted, RunStopped
+from tandem.runs.checkpoints import AtomicCheckpointIO, StepCheckpoint
+from tandem.runs.signals import StopOnSignal
+from tandem.runs.start import begin, hold_folder
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +56,7 @@ def world_size(cfg: DictConfig) -> int:
     return devices * int(cfg.trainer.get("num_nodes", 1) or 1)
 
 
-def build(cfg: DictConfig) -> tuple[L.Trainer, TandemGRPO, PromptDataModule, str | None]:
+def build(cfg: DictConfig) -> tuple[L.Trainer, TandemGRPO, PromptDataModule, StopOnSignal]:
     """Everything ``fit`` needs, from a validated config."""
     out = Path(cfg.output_dir)
     c = OmegaConf.to_container(cfg, resolve=True)
@@ -80,8 +87,10 @@ def build(cfg: DictConfig) -> tuple[L.Trainer, TandemGRPO, PromptDataModule, str
     )
     junior = cfg.model.junior_name_or_path or cfg.model.name_or_path
     ckpt_dir = out / "checkpoints"
+    stop = StopOnSignal()
     callbacks = [
         JuniorCallback(junior, dtype=cfg.model.dtype, device=cfg.model.get("junior_device")),
+        stop,
         ModelCheckpoint(
             dirpath=ckpt_dir,
             filename="best-{step}",
@@ -89,15 +98,11 @@ def build(cfg: DictConfig) -> tuple[L.Trainer, TandemGRPO, PromptDataModule, str
             mode="max",
             save_top_k=1,
             auto_insert_metric_name=False,
+            # only after a validation: at the end of a run a signal stopped, there is no metric
+            save_on_train_epoch_end=False,
         ),
-        ModelCheckpoint(
-            dirpath=ckpt_dir,
-            filename="step-{step}",
-            save_top_k=0,
-            save_last=True,
-            every_n_train_steps=cfg.checkpoint_every_n_steps,
-        ),
-        ExportSenior(out / "senior"),
+        StepCheckpoint(ckpt_dir, cfg.checkpoint_every_n_steps, cfg.keep_checkpoints, stop),
+        ExportSenior(out / "senior", stop),
     ]
     if cfg.trainer.get("enable_progress_bar", True):
         callbacks.append(StepProgressBar())
@@ -106,48 +111,38 @@ def build(cfg: DictConfig) -> tuple[L.Trainer, TandemGRPO, PromptDataModule, str
         cfg.trainer,
         callbacks=callbacks,
         logger=loggers,
+        # every checkpoint is whole or absent, with its checksum beside it
+        plugins=[AtomicCheckpointIO()],
         default_root_dir=str(out),
         val_check_interval=cfg.validation.every_n_steps,
         check_val_every_n_epoch=None,
     )
-    return trainer, module, data, resolve_ckpt(cfg.ckpt_path, ckpt_dir)
-
-
-def resolve_ckpt(ckpt_path: str | None, ckpt_dir: Path) -> str | None:
-    """``last`` -> this run's ``last.ckpt`` (None, to start afresh, when it has none yet)."""
-    if ckpt_path != "last":
-        return ckpt_path
-    last = ckpt_dir / "last.ckpt"
-    if last.is_file():
-        log.info("resuming from %s", last)
-        return str(last)
-    log.warning("ckpt_path=last but %s does not exist: starting from the beginning", last)
-    return None
-
-
-def checkpoint_step(ckpt: str | None) -> int:
-    """The optimizer step a run resumes from (0 for a fresh start)."""
-    if ckpt is None:
-        return 0
-    state = torch.load(ckpt, map_location="cpu", weights_only=False, mmap=True)
-    return int(state.get("global_step", 0))
+    return trainer, module, data, stop
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
-    """Validate, build and fit; returns the final logged metrics."""
+    """Validate, build and fit; returns the final logged metrics. Raises ``RunRefused`` for a
+    start that is refused, ``RunInterrupted`` when a signal stopped the run."""
     validate_train_config(cfg, world_size(cfg))
-    if cfg.get("threads"):
-        torch.set_num_threads(cfg.threads)
-    L.seed_everything(cfg.seed, workers=True)
-    trainer, module, data, ckpt = build(cfg)
-    if trainer.global_rank == 0:
-        record_start(cfg.output_dir, checkpoint_step(ckpt))
-        log.info(
-            "run folder %s; resume with: python -m tandem.train run_name=%s ckpt_path=last",
-            cfg.output_dir,
-            cfg.run_name,
+    with hold_folder(cfg):
+        ckpt = begin(cfg)
+        if cfg.get("threads"):
+            torch.set_num_threads(cfg.threads)
+        L.seed_everything(cfg.seed, workers=True)
+        trainer, module, data, stop = build(cfg)
+        if trainer.global_rank == 0:
+            log.info(
+                "run folder %s; resume with: python -m tandem.train run_name=%s ckpt_path=last",
+                cfg.output_dir,
+                cfg.run_name,
+            )
+        trainer.fit(module, datamodule=data, ckpt_path=ckpt)
+    if stop.stopping:
+        raise RunInterrupted(
+            f"stopped by a signal at step {trainer.global_step}, its checkpoint saved; resume "
+            f"with: python -m tandem.train run_name={cfg.run_name} ckpt_path=last",
+            stop.exit_code - 128,
         )
-    trainer.fit(module, datamodule=data, ckpt_path=ckpt)
     return {k: float(v) for k, v in trainer.callback_metrics.items()}
 
 
@@ -158,6 +153,10 @@ def main(cfg: DictConfig) -> float | None:
     except ConfigError as err:
         # leaving here, not through Hydra's handler, keeps the message to itself: no traceback
         exit_config_error(err)
+    except RunStopped as err:
+        # the user's to act on: one line, no traceback
+        print(f"tandem.train: {err}", file=sys.stderr)
+        sys.exit(err.exit_code)
     # returned for sweepers that optimise a metric
     return metrics.get(cfg.validation.monitor)
 

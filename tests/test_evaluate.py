@@ -25,7 +25,8 @@ from tandem.evaluation.config import validate_eval_config
 from tandem.evaluation.models import senior_base
 from tandem.evaluation.records import read_records
 from tandem.evaluation.results import macro_average
-from tandem.modules.models import load_causal_lm
+from tandem.modules.export import check_senior, save_senior
+from tandem.modules.models import load_causal_lm, load_tokenizer
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 EVAL_SETS = ["tiny", "math500", "aime24", "aime25", "aime26", "amc23", "amc23_25", "minerva"]
@@ -238,3 +239,24 @@ def test_command_line_writes_to_the_hydra_run_dir(tmp_path: Path) -> None:
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["output_dir"] == str(tmp_path / "run")
     assert (tmp_path / "run" / "generations" / "tiny.jsonl").is_file()
+
+
+def test_a_cut_short_senior_export_is_refused_in_one_line(tmp_path: Path) -> None:
+    # what a kill during the old, non-atomic export left: a run folder whose senior has an
+    # empty config.json
+    senior = tmp_path / "run" / "senior"
+    save_senior(load_causal_lm("tiny"), load_tokenizer("tiny"), senior, step=3)
+    assert check_senior(senior) is None
+    (senior / "config.json").write_bytes(b"")
+    assert "config.json is missing or not the size" in check_senior(senior)
+    (senior / "export.json").unlink()
+    (tmp_path / "run" / "run_info.json").write_text("{}")
+    command = [sys.executable, "-m", "tandem.evaluate", f"senior={senior}", *QUICK]
+    command.append(f"hydra.run.dir={tmp_path / 'eval'}")
+    r = subprocess.run(command, cwd=Path(CONF).parent, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines() == [
+        f"tandem.evaluate: senior={senior}: {senior} has no export.json: its export was cut "
+        "short. Export it again (python -m tandem.train run_name=<its run> ckpt_path=last "
+        "re-exports a finished run), or give another senior."
+    ]

@@ -1,28 +1,121 @@
 """The senior as a Hugging Face folder: at the end of training, and from any Lightning checkpoint.
 
+An export is all or nothing: the folder is written under a temporary name, completed with
+``export.json`` (the step it holds and the size of every file), and renamed into place. A
+reader tells a whole export from a half-written one with ``check_senior``.
+
 What this file leaves out: loading for evaluation (``tandem.modules.models`` loads the folder).
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import shutil
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
 
 from tandem.modules.models import load_causal_lm, load_tokenizer
+from tandem.runs.faults import fault_point
+from tandem.runs.signals import StopOnSignal
+
+log = logging.getLogger(__name__)
+
+MARKER = "export.json"
+WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 
 
 class ExportSenior(L.Callback):
-    """Write the trained senior and its tokenizer with ``save_pretrained`` when fit ends."""
+    """Write the trained senior and its tokenizer when fit ends, unless the folder already holds
+    the senior of this step (a finished run started again) or a signal stopped the run early.
 
-    def __init__(self, folder: str | Path) -> None:
+    Args:
+        folder: where the senior goes (``<run>/senior``).
+        stop: the run's signal handler; a run it stopped is not finished, so not exported.
+    """
+
+    def __init__(self, folder: str | Path, stop: StopOnSignal | None = None) -> None:
         self.folder = Path(folder)
+        self.stop = stop
 
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.global_rank == 0:
-            pl_module.senior.save_pretrained(self.folder)
-            pl_module.tokenizer.save_pretrained(self.folder)
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # on_fit_end, not on_train_end: a finished run started again restores its checkpoint and
+        # skips the training loop (no on_train_end), and must still re-export a missing senior
+        if trainer.global_rank != 0 or (self.stop is not None and self.stop.stopping):
+            return
+        if check_senior(self.folder) is None and exported_step(self.folder) == trainer.global_step:
+            log.info("%s already holds the senior of step %d", self.folder, trainer.global_step)
+            return
+        save_senior(pl_module.senior, pl_module.tokenizer, self.folder, trainer.global_step)
+        log.info("exported the senior of step %d to %s", trainer.global_step, self.folder)
+
+
+def save_senior(model: Any, tokenizer: Any, folder: str | Path, step: int) -> Path:
+    """Write ``model`` and ``tokenizer`` to ``folder`` atomically (a reader sees the old folder,
+    or none, or the new one whole); returns the folder."""
+    folder = Path(folder)
+    tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
+    old = folder.with_name(f"{folder.name}.old-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    fault_point("export", step)
+    tokenizer.save_pretrained(tmp)
+    files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
+    for name in files:
+        with (tmp / name).open("rb") as f:
+            os.fsync(f.fileno())
+    (tmp / MARKER).write_text(json.dumps({"step": step, "files": files}, indent=2) + "\n")
+    # a folder cannot be renamed over another: the old one steps aside first (a kill in between
+    # leaves no senior/, which the next start with ckpt_path=last writes again)
+    if folder.exists():
+        os.replace(folder, old)
+    os.replace(tmp, folder)
+    shutil.rmtree(old, ignore_errors=True)
+    return folder
+
+
+def check_senior(folder: str | Path) -> str | None:
+    """Why ``folder`` is not a whole model folder, or None when it is.
+
+    A folder with ``export.json`` must hold every file it lists at its size. A training run's
+    ``senior/`` without one was cut short. Any other folder (a downloaded base, say) must have a
+    readable ``config.json`` and a non-empty weights file.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        return f"{folder} does not exist"
+    marker = folder / MARKER
+    if marker.is_file():
+        try:
+            files = json.loads(marker.read_text())["files"]
+        except (ValueError, KeyError):
+            return f"{marker} is unreadable"
+        for name, size in files.items():
+            path = folder / name
+            if not path.is_file() or path.stat().st_size != size:
+                return f"{path} is missing or not the size the export wrote ({size} bytes)"
+        return None
+    if (folder.parent / "run_info.json").is_file():
+        return f"{folder} has no {MARKER}: its export was cut short"
+    try:
+        json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return f"{folder / 'config.json'} is missing or not JSON"
+    if not any((folder / w).is_file() and (folder / w).stat().st_size for w in WEIGHTS):
+        return f"{folder} holds no non-empty weights file ({', '.join(WEIGHTS)})"
+    return None
+
+
+def exported_step(folder: str | Path) -> int | None:
+    """The optimizer step of the senior in an export folder (None: unknown)."""
+    try:
+        return int(json.loads((Path(folder) / MARKER).read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def export_checkpoint(ckpt_path: str | Path, folder: str | Path) -> Path:
@@ -42,7 +135,4 @@ def export_checkpoint(ckpt_path: str | Path, folder: str | Path) -> Path:
             f"{ckpt_path} does not hold a full senior: missing {missing[:5]}, "
             f"unexpected {unexpected[:5]}. Is it a tandem.train checkpoint?"
         )
-    folder = Path(folder)
-    model.save_pretrained(folder)
-    load_tokenizer(hp["model"]).save_pretrained(folder)
-    return folder
+    return save_senior(model, load_tokenizer(hp["model"]), folder, int(ckpt.get("global_step", 0)))

@@ -51,6 +51,8 @@ from tandem.modules.loss import (
 from tandem.modules.models import load_causal_lm, load_tokenizer
 from tandem.modules.stats import rollout_table, team_stats
 from tandem.registry import REWARDS, SAMPLERS
+from tandem.runs.faults import fault_point
+from tandem.runs.resume import honour_optimizer_config
 
 
 class TandemGRPO(L.LightningModule):
@@ -151,9 +153,17 @@ class TandemGRPO(L.LightningModule):
             weight_decay=self.hparams.weight_decay,
             betas=tuple(self.hparams.betas),
         )
-        warm = max(1, self.hparams.warmup_steps)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm))
+        warm = self.hparams.warmup_steps
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_factor(s, warm))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Lightning restores the optimizer and the scheduler after this hook, with the lr and
+        # weight decay they were saved with: a resume that changed them must train with the new
+        hp = self.hparams
+        honour_optimizer_config(
+            checkpoint, hp.lr, hp.weight_decay, lambda s: warmup_factor(s, hp.warmup_steps)
+        )
 
     # -- rollouts ------------------------------------------------------------------------------
     def rollout(
@@ -286,6 +296,7 @@ class TandemGRPO(L.LightningModule):
                 )
                 opt.step()
                 sched.step()
+                fault_point("update", self.global_step)
                 for k, v in stats.items():
                     totals[k] = totals.get(k, 0) + v / (hp.num_iterations * len(slices))
         totals["engine_logprob_gap"] = gap
@@ -395,6 +406,11 @@ class TandemGRPO(L.LightningModule):
                 batch_size=len(batch),
                 prog_bar=name == "tandem",
             )
+
+
+def warmup_factor(step: int, warmup_steps: int) -> float:
+    """The learning rate's multiplier after ``step`` scheduler steps: linear warmup to 1."""
+    return min(1.0, (step + 1) / max(1, warmup_steps))
 
 
 def _args(spec: dict[str, Any]) -> dict[str, Any]:

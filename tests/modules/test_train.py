@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import os
 import signal
 import subprocess
@@ -17,6 +18,7 @@ from safetensors.torch import load_file
 
 from tandem.assets import TINY_WORLD
 from tandem.provenance import run_commits
+from tandem.runs import RunRefused
 from tandem.train import run
 
 CONF = str(Path(__file__).resolve().parents[2] / "conf")
@@ -245,3 +247,47 @@ def test_kl_reg_arm_is_not_plain_grpo(tmp_path: Path) -> None:
     rows = [r for r in metrics_rows(tmp_path / "kl") if r.get("train/reward")]
     assert rows and all(r.get("train/kl") not in (None, "") for r in rows)
     assert float(rows[-1]["train/kl"]) > 0.0
+
+
+def test_resume_honours_a_new_lr_and_refuses_a_change_of_meaning(tmp_path: Path) -> None:
+    fast = ["validation.every_n_steps=100", "module.warmup_steps=5"]
+    run(config(tmp_path, *fast, "trainer.max_steps=2"))
+    run(config(tmp_path, *fast, "trainer.max_steps=3", "ckpt_path=last", "module.lr=5e-4"))
+    ckpt = torch.load(tmp_path / "checkpoints" / "step-3.ckpt", weights_only=False)
+    # the optimizer trains with the new lr (3 steps into a 5-step warmup), not the restored one
+    assert ckpt["lr_schedulers"][0]["base_lrs"] == [5e-4]
+    assert ckpt["optimizer_states"][0]["param_groups"][0]["lr"] == pytest.approx(5e-4 * 4 / 5)
+    with (tmp_path / "csv" / "version_1" / "metrics.csv").open() as f:  # the second start's
+        (row,) = [r for r in csv.DictReader(f) if r.get("train/reward")]
+    assert float(row["train/lr"]) == pytest.approx(5e-4 * 4 / 5)
+    starts = json.loads((tmp_path / "run_info.json").read_text())["starts"]
+    assert starts[1]["changes"] == {"module.lr": [1e-3, 5e-4], "trainer.max_steps": [2, 3]}
+    assert (tmp_path / starts[1]["config"]).is_file()
+    with pytest.raises(RunRefused, match=r"batch_size: 8 -> 16.*sampler.p: 0.5 -> 0.3"):
+        run(
+            config(
+                tmp_path,
+                *fast,
+                "trainer.max_steps=3",
+                "ckpt_path=last",
+                "module.lr=5e-4",
+                "batch_size=16",
+                "sampler.p=0.3",
+            )
+        )
+    with pytest.raises(RunRefused, match="ckpt_path=null but run_name"):
+        run(config(tmp_path, *fast, "trainer.max_steps=3", "module.lr=5e-4"))
+    # insisting is possible, and recorded (max_steps reached: nothing more trains)
+    run(
+        config(
+            tmp_path,
+            *fast,
+            "trainer.max_steps=3",
+            "ckpt_path=last",
+            "module.lr=5e-4",
+            "sampler.p=0.3",
+            "resume_changes=allow",
+        )
+    )
+    starts = json.loads((tmp_path / "run_info.json").read_text())["starts"]
+    assert len(starts) == 3 and starts[2]["changes"] == {"sampler.p": [0.5, 0.3]}

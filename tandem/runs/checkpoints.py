@@ -1,0 +1,205 @@
+"""Checkpoints that cannot betray a resume: atomic writes, checksums, the newest that verifies.
+
+Every checkpoint goes through ``AtomicCheckpointIO``: it is written to ``<name>.tmp-<pid>``,
+hashed as it is written, flushed to disk, and renamed into place only after its checksum file
+(``<name>.sha256``, the format ``sha256sum -c`` reads) is. So a file under its final name is
+whole, and a file that no longer matches its checksum (truncated, overwritten) is named and
+skipped: ``newest_verified`` falls back to the checkpoint before it. ``StepCheckpoint`` keeps the
+newest K step checkpoints and also saves when a signal asks the run to stop.
+
+What this file leaves out: which checkpoint a start asks for (``tandem.train``) and the signal
+handling itself (``tandem.runs.signals``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from tandem.runs import RunRefused
+from tandem.runs.faults import fault_point
+from tandem.runs.signals import StopOnSignal
+
+log = logging.getLogger(__name__)
+
+STEP = re.compile(r"^step-(\d+)\.ckpt$")
+TEMPORARY = re.compile(r"\.(tmp|old)-\d+$")
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """``TorchCheckpointIO`` that writes whole files or nothing, each with its sha256."""
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any = None
+    ) -> None:
+        import torch
+
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__} takes no storage_options")
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+        with tmp.open("wb") as f:
+            writer = _HashingWriter(f)
+            torch.save(checkpoint, writer)
+            f.flush()
+            os.fsync(f.fileno())
+        fault_point("checkpoint", int(checkpoint.get("global_step", -1)))
+        _replace(path.with_name(path.name + ".sha256"), f"{writer.hexdigest()}  {path.name}\n")
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+
+    def remove_checkpoint(self, path: str | os.PathLike) -> None:
+        super().remove_checkpoint(path)
+        Path(f"{path}.sha256").unlink(missing_ok=True)
+
+
+def verify(path: str | Path) -> str | None:
+    """Why ``path`` cannot be trusted (missing, no checksum, checksum mismatch), or None."""
+    path = Path(path)
+    sidecar = path.with_name(path.name + ".sha256")
+    if not path.is_file():
+        return f"{path} does not exist"
+    if not sidecar.is_file():
+        return f"{path} has no checksum file {sidecar.name}"
+    expected = sidecar.read_text().split(maxsplit=1)[0] if sidecar.stat().st_size else ""
+    if sha256_file(path) != expected:
+        return f"{path} does not match its checksum {sidecar.name} (truncated or corrupted)"
+    return None
+
+
+def newest_verified(ckpt_dir: str | Path) -> Path | None:
+    """The step checkpoint with the highest step whose checksum verifies; None when the folder
+    holds no step checkpoint at all. Every newer one that fails is named in a warning. Raises
+    ``RunRefused`` when checkpoints exist but none verifies: starting afresh would overwrite
+    them."""
+    found = sorted(step_checkpoints(ckpt_dir), key=lambda p: -int(STEP.match(p.name)[1]))
+    problems = []
+    for path in found:
+        problem = verify(path)
+        if problem is None:
+            for p in problems:
+                log.warning("skipping checkpoint: %s; using the one before it", p)
+            return path
+        problems.append(problem)
+    if problems:
+        raise RunRefused(
+            f"ckpt_path=last: no checkpoint in {ckpt_dir} verifies ({'; '.join(problems)}). "
+            f"Pass ckpt_path=<file> to resume from one anyway, or use another run_name to "
+            f"start afresh."
+        )
+    return None
+
+
+def step_checkpoints(ckpt_dir: str | Path) -> list[Path]:
+    """The ``step-<N>.ckpt`` files of a run (not ``last.ckpt``, a link to the newest)."""
+    folder = Path(ckpt_dir)
+    return [p for p in folder.glob("step-*.ckpt") if STEP.match(p.name)] if folder.is_dir() else []
+
+
+def clean_temporaries(*folders: str | Path) -> list[Path]:
+    """Remove what a killed writer left (``*.tmp-<pid>``, ``*.old-<pid>``) directly in
+    ``folders``; returns what was removed. Only the holder of the run's lock may call it."""
+    removed = []
+    for folder in map(Path, folders):
+        if not folder.is_dir():
+            continue
+        for path in folder.iterdir():
+            if TEMPORARY.search(path.name):
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+                removed.append(path)
+    if removed:
+        log.warning("removed what an interrupted run left: %s", ", ".join(map(str, removed)))
+    return removed
+
+
+class StepCheckpoint(ModelCheckpoint):
+    """The newest ``keep`` checkpoints every ``every_n_train_steps``, and one more at the step
+    where a signal stops the run (whatever the interval), so that no finished step is lost.
+
+    Args:
+        dirpath: the run's checkpoint folder.
+        every_n_train_steps: the interval in optimizer steps.
+        keep: how many step checkpoints to keep (the newest).
+        stop: the run's signal handler; it decides at each step's end whether the run stops.
+    """
+
+    def __init__(
+        self, dirpath: str | Path, every_n_train_steps: int, keep: int, stop: StopOnSignal
+    ) -> None:
+        super().__init__(
+            dirpath=dirpath,
+            filename="step-{step}",
+            # "step" is always among the monitor candidates: the top `keep` by step are the newest
+            monitor="step",
+            mode="max",
+            save_top_k=keep,
+            save_last="link",
+            every_n_train_steps=every_n_train_steps,
+            auto_insert_metric_name=False,
+            # a step re-saved after a fall back replaces the bad file, not step-N-v1.ckpt
+            enable_version_counter=False,
+        )
+        self.stop = stop
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
+        super().on_train_batch_end(trainer, *args, **kwargs)
+        # StopOnSignal is an ordinary callback, so Lightning ran it before this one
+        if self.stop.stopping and self._last_global_step_saved != trainer.global_step:
+            candidates = self._monitor_candidates(trainer)
+            self._save_topk_checkpoint(trainer, candidates)
+            self._save_last_checkpoint(trainer, candidates)
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 24) -> str:
+    """Hex sha256 of a file, read in chunks (checkpoints can be larger than memory)."""
+    h = hashlib.sha256()
+    with Path(path).open("rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+class _HashingWriter:
+    """A write-only file that hashes what passes through (saves reading a checkpoint back)."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self._f = f
+        self._h = hashlib.sha256()
+
+    def write(self, data: bytes) -> int:
+        self._h.update(data)
+        return self._f.write(data)
+
+    def flush(self) -> None:
+        self._f.flush()
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
+
+def _replace(path: Path, text: str) -> None:
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    with tmp.open("w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _fsync_dir(folder: Path) -> None:
+    # the rename itself reaches the disk only when the folder's entry does
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,132 @@
+"""One live process per run folder: an exclusive lock held for the whole life of a run.
+
+The lock is an OS file lock (``filelock``) on ``<run>/run.lock``, so the kernel releases it when
+its process dies, however it dies. Beside it, ``run.lock.json`` names the holder (PID, host,
+start time) for the message a second start gets. That file outlives a killed holder: finding it
+when the lock is free means the last run was killed, and the new one takes over with a warning.
+
+What this file leaves out: who locks (``tandem.train``: the launching process only, not the
+ranks a distributed strategy starts).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+from filelock import FileLock, Timeout
+
+from tandem.runs import RunRefused
+
+log = logging.getLogger(__name__)
+
+LOCK = "run.lock"
+OWNER = "run.lock.json"
+
+
+class RunLock:
+    """Exclusive hold on a run folder; a context manager.
+
+    Args:
+        folder: the run's folder (created if missing).
+        label: how the user named the folder, for messages (``run_name=...``).
+    """
+
+    def __init__(self, folder: str | Path, label: str = "") -> None:
+        self.folder = Path(folder)
+        self.label = label or f"output_dir={folder}"
+        self._lock: FileLock | None = None
+
+    def acquire(self) -> None:
+        """Take the folder, or raise ``RunRefused`` naming the live holder."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(self.folder / LOCK)
+        try:
+            lock.acquire(blocking=False)
+        except Timeout:
+            raise RunRefused(self._held_message()) from None
+        previous = read_owner(self.folder)
+        if previous and _alive(previous):
+            # only where the OS lock is not shared (some network file systems): trust the record
+            lock.release()
+            raise RunRefused(self._held_message())
+        if previous:
+            log.warning(
+                "run folder %s was left by PID %s on %s (started %s), which no longer holds it: "
+                "taking it over",
+                self.folder,
+                previous.get("pid"),
+                previous.get("host"),
+                previous.get("started"),
+            )
+        self._lock = lock
+        _write_json(self.folder / OWNER, _me())
+
+    def release(self) -> None:
+        """Give the folder back (a no-op when not held)."""
+        if self._lock is None:
+            return
+        (self.folder / OWNER).unlink(missing_ok=True)
+        self._lock.release()
+        self._lock = None
+
+    def __enter__(self) -> RunLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def _held_message(self) -> str:
+        owner = read_owner(self.folder) or {}
+        who = (
+            f"PID {owner.get('pid')} on host {owner.get('host')} (started {owner.get('started')})"
+            if owner
+            else "a process that is starting"
+        )
+        return (
+            f"{self.label}: the run folder {self.folder} is in use by {who}. One run per "
+            f"folder: wait for that run to end (or stop it), or give this run another name."
+        )
+
+
+def read_owner(folder: str | Path) -> dict[str, Any] | None:
+    """The holder record of a run folder, None when there is none (or it is unreadable)."""
+    try:
+        return json.loads((Path(folder) / OWNER).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _me() -> dict[str, Any]:
+    proc = psutil.Process()
+    return {
+        "pid": proc.pid,
+        "host": socket.gethostname(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        # with the PID, tells this process from a later one that reuses the PID
+        "create_time": proc.create_time(),
+    }
+
+
+def _alive(owner: dict[str, Any]) -> bool:
+    """Whether the recorded holder still runs; another host's PID cannot be checked (False)."""
+    if owner.get("host") != socket.gethostname() or owner.get("pid") == os.getpid():
+        return False
+    try:
+        proc = psutil.Process(int(owner["pid"]))
+        return abs(proc.create_time() - float(owner.get("create_time", 0))) < 1.0
+    except (psutil.Error, KeyError, TypeError, ValueError):
+        return False
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)

@@ -1,0 +1,142 @@
+"""What a restart may change: the config of every start is kept, and a resume is compared with
+the start before it.
+
+Some keys only steer how the rest of the run goes (the learning rate, how long, how often to
+validate or save, where metrics go): a resume honours a change to them. Every other key decides
+what the saved steps *mean* (the model, the data and its order, the batch and group sizes, the
+seed, the sampler, the reward, the loss): continuing under a change to one of them yields a run
+that no single config describes, so the resume is refused, naming each change, unless
+``resume_changes=allow``.
+
+A changed learning rate or weight decay is written over the checkpoint's optimizer and
+scheduler state before Lightning restores them (``honour_optimizer_config``, called from
+``TandemGRPO.on_load_checkpoint``); otherwise the restored state would silently keep the old.
+
+What this file leaves out: where the start records go (``tandem.provenance``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from tandem.runs import RunRefused
+
+log = logging.getLogger(__name__)
+
+STARTS = "starts"
+# keys that name this start, not the run: never compared
+PER_START = ("ckpt_path", "output_dir", "run_name", "resume_changes")
+# a change to these (or to anything under them) is honoured on resume
+HONOURED = (
+    "module.lr",
+    "module.weight_decay",
+    "module.warmup_steps",
+    "module.max_grad_norm",
+    "module.rollouts_to_log",
+    "module.rollout_log_every",
+    "trainer.max_steps",
+    "trainer.max_time",
+    "trainer.log_every_n_steps",
+    "trainer.enable_progress_bar",
+    "trainer.enable_model_summary",
+    "logger",
+    "experiment_name",
+    "threads",
+    "checkpoint_every_n_steps",
+    "keep_checkpoints",
+    "validation.every_n_steps",
+    "validation.size",
+    "reward.workers",
+)
+CHOICES = ("refuse", "allow")
+
+
+def start_config(cfg: DictConfig) -> dict[str, Any]:
+    """The resolved config of a start, less the keys that only name the start."""
+    c = OmegaConf.to_container(cfg, resolve=True)
+    return {k: v for k, v in c.items() if k not in PER_START}
+
+
+def previous_config(folder: str | Path) -> tuple[int, dict[str, Any] | None]:
+    """``(number of starts recorded, config of the latest)``; ``(0, None)`` for a new folder."""
+    saved = sorted(
+        (Path(folder) / STARTS).glob("start-*.yaml"), key=lambda p: int(p.stem.split("-")[1])
+    )
+    if not saved:
+        return 0, None
+    return len(saved), OmegaConf.to_container(OmegaConf.load(saved[-1]))
+
+
+def changes(old: dict[str, Any], new: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """``{dotted key: (old, new)}`` for every key whose value differs (``<absent>`` if none)."""
+    a, b = _flatten(old), _flatten(new)
+    return {
+        k: (a.get(k, "<absent>"), b.get(k, "<absent>"))
+        for k in sorted(a.keys() | b.keys())
+        if a.get(k, "<absent>") != b.get(k, "<absent>")
+    }
+
+
+def check_resume(diff: dict[str, tuple[Any, Any]], allow: str) -> None:
+    """Refuse (``RunRefused``) changes a resume cannot honour unless ``allow == "allow"``;
+    log every change either way."""
+    breaking = {k: v for k, v in diff.items() if not honoured(k)}
+    if breaking and allow != "allow":
+        listed = "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in breaking.items())
+        raise RunRefused(
+            f"resume with a changed config that alters what the checkpoint means: {listed}. "
+            f"Resume with the run's values, start a new run_name, or set "
+            f"resume_changes=allow to continue anyway."
+        )
+    for k, (old, new) in diff.items():
+        how = "honoured" if honoured(k) else "allowed by resume_changes=allow"
+        log.warning("resume changes %s: %r -> %r (%s)", k, old, new, how)
+
+
+def honoured(key: str) -> bool:
+    """Whether a resume can honour a change to ``key``."""
+    return any(key == h or key.startswith(h + ".") for h in HONOURED)
+
+
+def save_start_config(folder: str | Path, number: int, config: dict[str, Any]) -> Path:
+    """Write ``<folder>/starts/start-<number>.yaml``; returns its path."""
+    path = Path(folder) / STARTS / f"start-{number}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(OmegaConf.create(config), path)
+    return path
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def honour_optimizer_config(
+    checkpoint: dict[str, Any], lr: float, weight_decay: float, factor: Callable[[int], float]
+) -> None:
+    """Rewrite a checkpoint's optimizer and scheduler state, before Lightning restores it, to
+    the configured ``lr`` and ``weight_decay``. ``factor(step)`` is the scheduler's multiplier
+    (warmup): the restored lr is ``lr * factor(step)``, as the scheduler itself computes it, so
+    an unchanged config restores the very same numbers."""
+    step = None
+    for sched in checkpoint.get("lr_schedulers") or []:
+        step = int(sched["last_epoch"])
+        sched["base_lrs"] = [lr] * len(sched["base_lrs"])
+        if "_last_lr" in sched:
+            sched["_last_lr"] = [lr * factor(step)] * len(sched["_last_lr"])
+    for opt in checkpoint.get("optimizer_states") or []:
+        for group in opt["param_groups"]:
+            group["initial_lr"] = lr
+            group["lr"] = lr if step is None else lr * factor(step)
+            group["weight_decay"] = weight_decay

@@ -1,0 +1,156 @@
+"""What a training start does in its run folder before any model loads.
+
+The launching process (not the ranks a distributed strategy starts) locks the folder for the
+run's life, removes what a killed run left half-written, picks the checkpoint to resume from
+(the newest that verifies), compares the config with the previous start's and records this one:
+``starts/start-<n>.yaml`` (the full config), ``run_info.json`` (commit, step, time, changes) and
+``.hydra/`` (Hydra's own record, written here, after the lock, so that a refused start cannot
+overwrite the record of the run that holds the folder).
+
+What this file leaves out: building and fitting the run (``tandem.train``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from tandem.provenance import record_start
+from tandem.runs import RunRefused
+from tandem.runs.checkpoints import clean_temporaries, newest_verified, step_checkpoints, verify
+from tandem.runs.lock import RunLock
+from tandem.runs.resume import (
+    CHOICES,
+    changes,
+    check_resume,
+    previous_config,
+    save_start_config,
+    start_config,
+)
+
+log = logging.getLogger(__name__)
+
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID")
+
+
+def is_launcher() -> bool:
+    """True in the process that starts a run; False in the other ranks of a distributed run
+    (Lightning, torchrun and SLURM give those a non-zero rank in the environment)."""
+    return all(int(os.environ.get(v, "0") or 0) == 0 for v in RANK_VARIABLES)
+
+
+@contextmanager
+def hold_folder(cfg: DictConfig) -> Iterator[None]:
+    """Hold the run folder's lock (launching process only) for the ``with`` block."""
+    label = f"run_name={cfg.run_name}"
+    lock = RunLock(cfg.output_dir, label) if is_launcher() else nullcontext()
+    with lock:
+        yield
+
+
+def begin(cfg: DictConfig) -> str | None:
+    """Prepare and record this start; returns the checkpoint to resume from (None: afresh).
+
+    Raises ``RunRefused`` for a start that would betray the folder: no checkpoint verifies, a
+    fresh start over an earlier start's checkpoints, or a resume that changes what the
+    checkpoint means (see ``tandem.runs.resume``).
+    """
+    check_run_keys(cfg)
+    out = Path(cfg.output_dir)
+    ckpt_dir = out / "checkpoints"
+    if not is_launcher():
+        return resolve_ckpt(cfg.ckpt_path, ckpt_dir)
+    clean_temporaries(ckpt_dir, out)
+    ckpt = resolve_ckpt(cfg.ckpt_path, ckpt_dir)
+    if ckpt is None and cfg.ckpt_path is None and step_checkpoints(ckpt_dir):
+        raise RunRefused(
+            f"ckpt_path=null but run_name={cfg.run_name} already holds checkpoints of an earlier "
+            f"start ({ckpt_dir}): a fresh start would mix two runs in one folder. Resume it with "
+            f"ckpt_path=last, or give this run another run_name."
+        )
+    number, previous = previous_config(out)
+    config = start_config(cfg)
+    diff = changes(previous, config) if previous is not None else {}
+    if ckpt is not None and previous is not None:
+        check_resume(diff, cfg.resume_changes)
+    saved = save_start_config(out, number + 1, config)
+    write_hydra_record(cfg, out)
+    record_start(
+        out,
+        checkpoint_step(ckpt),
+        config=str(saved.relative_to(out)),
+        changes={k: list(v) for k, v in diff.items()},
+    )
+    return ckpt
+
+
+def check_run_keys(cfg: DictConfig) -> None:
+    """The keys of this package, checked before anything loads."""
+    keep, allow = cfg.get("keep_checkpoints", 2), cfg.get("resume_changes", "refuse")
+    if not (isinstance(keep, int) and not isinstance(keep, bool) and keep >= 1):
+        raise RunRefused(
+            f"keep_checkpoints ({keep!r}) must be an integer >= 1: how many of the newest step "
+            f"checkpoints to keep. Set keep_checkpoints=2."
+        )
+    if allow not in CHOICES:
+        raise RunRefused(
+            f"resume_changes ({allow!r}) must be one of {list(CHOICES)}: whether a resume may "
+            f"change keys that alter what the checkpoint means. Set resume_changes=refuse."
+        )
+
+
+def resolve_ckpt(ckpt_path: str | None, ckpt_dir: Path) -> str | None:
+    """``last`` -> the newest step checkpoint that verifies (None, to start afresh, when there
+    is none yet); a path -> itself, refused if it is missing or fails its checksum."""
+    if ckpt_path is None:
+        return None
+    if ckpt_path == "last":
+        found = newest_verified(ckpt_dir)
+        legacy = ckpt_dir / "last.ckpt"
+        if found is None and legacy.is_file() and not legacy.is_symlink():
+            raise RunRefused(
+                f"ckpt_path=last: {legacy} was written without a checksum (by an older tandem), "
+                f"so it cannot be verified. Pass ckpt_path={legacy} to resume from it anyway."
+            )
+        if found is None:
+            log.warning("ckpt_path=last but %s holds no checkpoint: starting afresh", ckpt_dir)
+            return None
+        log.info("resuming from %s", found)
+        return str(found)
+    problem = verify(ckpt_path)
+    if problem is not None and not Path(ckpt_path).is_file():
+        raise RunRefused(f"ckpt_path={ckpt_path}: {problem}. Give an existing checkpoint file.")
+    if problem is not None and Path(f"{ckpt_path}.sha256").is_file():
+        raise RunRefused(f"ckpt_path={ckpt_path}: {problem}. Give another checkpoint.")
+    if problem is not None:
+        log.warning("ckpt_path=%s cannot be verified: %s; using it as given", ckpt_path, problem)
+    return str(ckpt_path)
+
+
+def checkpoint_step(ckpt: str | None) -> int:
+    """The optimizer step a run resumes from (0 for a fresh start)."""
+    if ckpt is None:
+        return 0
+    state = torch.load(ckpt, map_location="cpu", weights_only=False, mmap=True)
+    return int(state.get("global_step", 0))
+
+
+def write_hydra_record(cfg: DictConfig, out: Path) -> None:
+    """Hydra's ``.hydra/`` record of this start (``hydra.output_subdir`` is null in the config,
+    so that Hydra does not write it before the lock is held); nothing outside a Hydra app."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return
+    hydra_cfg = HydraConfig.get()
+    folder = out / ".hydra"
+    folder.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cfg, folder / "config.yaml")
+    OmegaConf.save(OmegaConf.create({"hydra": hydra_cfg}), folder / "hydra.yaml")
+    OmegaConf.save(hydra_cfg.overrides.task, folder / "overrides.yaml")

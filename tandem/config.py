@@ -36,6 +36,7 @@ from tandem.registry import (
     RegistryError,
     check_arguments,
 )
+from tandem.samplers.boundaries import tables_from_surfaces
 
 __all__ = ["ConfigError", "check_component", "config_error_message", "validate_train_config"]
 
@@ -122,13 +123,11 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
     c = OmegaConf.to_container(cfg, resolve=False)
     problems: list[str] = []
     _check_keys(problems, c)
-    check_component(problems, "sampler", c.get("sampler"), SAMPLERS, skip=("tokenizer",))
+    check_sampler(problems, "sampler", c.get("sampler"))
     check_component(problems, "reward", c.get("reward"), REWARDS)
     val = c.get("validation") or {}
     if val.get("sampler") is not None:
-        check_component(
-            problems, "validation.sampler", val["sampler"], SAMPLERS, skip=("tokenizer",)
-        )
+        check_sampler(problems, "validation.sampler", val["sampler"])
     if val.get("monitor") not in MONITORS:
         problems.append(
             f"validation.monitor ({val.get('monitor')!r}) must be one of {list(MONITORS)}."
@@ -194,6 +193,20 @@ def check_component(
             f"{key}.p ({p!r}) must be a probability in [0, 1]: the chance the coin picks the "
             f"senior. Set {key}.p=0.5 for the paper's setting."
         )
+
+
+def check_sampler(problems: list[str], key: str, spec: Any) -> None:
+    """``check_component`` for a sampler, then its own checks of its values (a rule or a
+    boundary it does not know), by building it on a one-token stand-in vocabulary."""
+    before = len(problems)
+    check_component(problems, key, spec, SAMPLERS, skip=("tokenizer",))
+    if len(problems) > before:
+        return  # its name or keys are wrong already: building it would only say so again
+    args = {k: v for k, v in spec.items() if k != "name"}
+    try:
+        SAMPLERS.build(spec["name"], tokenizer=tables_from_surfaces([b" "]), **args)
+    except (TypeError, ValueError) as err:
+        problems.append(f"{key}: {err}")
 
 
 def unknown_keys(

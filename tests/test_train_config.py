@@ -57,6 +57,16 @@ def test_p_outside_unit_interval() -> None:
     assert "sampler.p (1.5) must be a probability in [0, 1]" in message
 
 
+def test_sampler_values_are_checked_before_anything_loads() -> None:
+    problems = _problems(
+        "sampler=word_authors",
+        "sampler.boundary=space",
+        "+validation.sampler.max_gap_tokens=0",
+    )
+    assert "sampler: boundary ('space') must be one of ('onset', 'leading_space')" in problems
+    assert "validation.sampler: max_gap_tokens (0) must be at least 1" in problems
+
+
 def test_batch_size_not_a_multiple_of_group_size() -> None:
     message = _problems("batch_size=12", "group_size=8")
     assert "batch_size (12) must be divisible by group_size (8)" in message

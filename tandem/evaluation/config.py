@@ -13,10 +13,10 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from tandem.config import ConfigError, check_component
+from tandem.config import ConfigError, check_component, check_sampler
 from tandem.evaluation.models import is_checkpoint
 from tandem.modules.models import check_model_path
-from tandem.registry import DATASETS, REWARDS, SAMPLERS
+from tandem.registry import DATASETS, REWARDS
 
 SAMPLING = {
     "temperature": (lambda v: _number(v) and v >= 0, "a number >= 0 (0: greedy)"),
@@ -33,7 +33,7 @@ def validate_eval_config(cfg: DictConfig) -> None:
         for key in OmegaConf.missing_keys(cfg)
     ]
     c = OmegaConf.to_container(cfg, resolve=False)
-    check_component(problems, "sampler", c.get("sampler"), SAMPLERS, skip=("tokenizer",))
+    check_sampler(problems, "sampler", c.get("sampler"))
     check_component(problems, "reward", c.get("reward"), REWARDS)
     _check_models(problems, c)
     for key in ("batch_size", "forcing_batch_size"):

@@ -189,8 +189,6 @@ class TandemGRPO(L.LightningModule):
             samples_per_prompt=samples,
             logprob_temperature=logprob_temperature,
         )
-        # coins too are a function of (seed, step, rank): a resumed run redraws the same ones
-        sampler.generator.manual_seed(seed)
         if self.backend is None:
             spec = dict(self.hparams.backend or {"name": "torch"})
             name = spec.pop("name")

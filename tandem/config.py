@@ -134,6 +134,7 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
         )
     _check_batch(problems, c, world_size)
     _check_ranges(problems, c)
+    _check_intervals(problems, c)
     _check_module(problems, c.get("module") or {})
     for group in ("trainer", "logger"):
         _check_targets(problems, group, c.get(group))
@@ -305,6 +306,22 @@ def _check_batch(problems: list[str], c: dict, world_size: int) -> None:
                 f"processes ({world_size}) so each rank gets whole groups. Set batch_size to a "
                 f"multiple of {g * world_size}."
             )
+
+
+def _check_intervals(problems: list[str], c: dict) -> None:
+    """Validation can only fall between batches, each ``num_iterations x mini_batches``
+    optimizer steps: ``every_n_steps`` must be a whole number of batches."""
+    m, every = c.get("module") or {}, (c.get("validation") or {}).get("every_n_steps")
+    per = [m.get("num_iterations", 1), m.get("mini_batches", 1)]
+    if not (_int(every) and all(_int(v) and v >= 1 for v in per)):
+        return  # the ranges are reported by _check_ranges
+    batch = per[0] * per[1]
+    if every % batch:
+        problems.append(
+            f"validation.every_n_steps ({every}) must be a multiple of module.num_iterations x "
+            f"module.mini_batches ({batch}): it counts optimizer steps, and a batch of rollouts "
+            f"makes that many. Set it to {max(1, every // batch) * batch}."
+        )
 
 
 def _check_module(problems: list[str], m: dict) -> None:

@@ -198,6 +198,7 @@ def test_a_group_of_one_is_refused_with_the_reason() -> None:
         ("checkpoint_every_n_steps=0", "checkpoint_every_n_steps (0) must be an integer >= 1"),
         ("validation.size=0", "validation.size (0) must be an integer >= 1, or null"),
         ("validation.every_n_steps=0", "validation.every_n_steps (0) must be an integer >= 1"),
+        ("module.mini_batches=3", "validation.every_n_steps (20) must be a multiple of"),
         ("validation.temperature=-1", "validation.temperature (-1) must be a number >= 0"),
         ("generation.temperature=0", "generation.temperature (0) must be a number > 0"),
         ("generation.top_p=1.5", "generation.top_p (1.5) must be in (0, 1]"),

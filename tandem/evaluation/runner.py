@@ -167,7 +167,7 @@ class Evaluator:
         return out
 
     def build_sampler(self, mode: str) -> Any:
-        """A fresh sampler per pass, so that its coins do not depend on earlier sets."""
+        """The pass's sampler (it holds no coins: the engine draws them from each batch's seed)."""
         if mode == "solo":
             return SAMPLERS.build("solo", tokenizer=self.tokenizer)
         spec = dict(self.sampler)

@@ -189,8 +189,6 @@ class TandemGRPO(L.LightningModule):
             samples_per_prompt=samples,
             logprob_temperature=logprob_temperature,
         )
-        # coins too are a function of (seed, step, rank): a resumed run redraws the same ones
-        sampler.generator.manual_seed(seed)
         if self.backend is None:
             spec = dict(self.hparams.backend or {"name": "torch"})
             name = spec.pop("name")
@@ -379,7 +377,8 @@ class TandemGRPO(L.LightningModule):
                 batch_size=rewards.numel(),
             )
         every = self.hparams.rollout_log_every
-        if every and self.global_rank == 0 and self.global_step % every < self.hparams.mini_batches:
+        per_batch = self.hparams.num_iterations * self.hparams.mini_batches
+        if every and self.global_rank == 0 and self.global_step % every < per_batch:
             self.log_rollout_texts(
                 rollout_table(rollouts, rewards, self.tokenizer, self.hparams.rollouts_to_log)
             )

@@ -109,6 +109,8 @@ def test_several_updates_per_batch_of_rollouts(tmp_path: Path) -> None:
             "module.num_iterations=2",
             "module.mini_batches=2",
             "checkpoint_every_n_steps=100",
+            # counted in optimizer steps: the one batch's 4 steps are a validation's due
+            "validation.every_n_steps=4",
         )
     )
     ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
@@ -117,6 +119,7 @@ def test_several_updates_per_batch_of_rollouts(tmp_path: Path) -> None:
     (row,) = [r for r in metrics_rows(tmp_path) if r.get("train/reward")]
     # the second pass sees weights the first pass moved: the mean ratio leaves 1
     assert float(row["train/ratio_mean"]) != 1.0
+    assert [r for r in metrics_rows(tmp_path) if r.get("val/tandem/accuracy")]
 
 
 @pytest.mark.parametrize("sampler", ["solo", "sentence"])

@@ -184,7 +184,7 @@ class VerifierPool:
         process = self._ctx.Process(
             target=serve, args=(child_end, self.rel_tol), name="tandem-reward", daemon=True
         )
-        with _main_module_hidden():
+        with _clean_start(self._ctx.get_start_method()):
             process.start()
         child_end.close()  # the parent's copy; EOF on parent_end then means the worker died
         return _Worker(process, parent_end, started=time.monotonic())
@@ -215,21 +215,31 @@ MAX_FAILED_STARTS = 3
 
 
 @contextlib.contextmanager
-def _main_module_hidden() -> Iterator[None]:
-    """Let a child start without importing the parent's ``__main__``.
+def _clean_start(method: str) -> Iterator[None]:
+    """Let a child start without importing the parent's ``__main__``, under ``method``.
 
     spawn/forkserver children import the module that ``sys.modules["__main__"]`` names when the
     child is launched (``multiprocessing.spawn.get_preparation_data``). A worker needs nothing
     from it: its target lives in ``tandem.rewards.verify``. An empty stand-in for the instant of
     ``start()`` spares each worker the training script's imports (seconds and hundreds of MB)
     and its side effects.
+
+    The child also re-applies the parent's default start method before anything else. Inside a
+    joblib (loky) worker, as in a Hydra sweep's jobs, that default is ``loky``, which a
+    forkserver child does not know: it would die at birth. So the default is the pool's own
+    method for that instant too.
     """
     with _START_LOCK:
         main = sys.modules.get("__main__")
         sys.modules["__main__"] = types.ModuleType("__main__")
+        default = multiprocessing.get_start_method(allow_none=True)
+        if default not in (None, method):
+            multiprocessing.set_start_method(method, force=True)
         try:
             yield
         finally:
+            if default not in (None, method):
+                multiprocessing.set_start_method(default, force=True)
             if main is not None:
                 sys.modules["__main__"] = main
 

@@ -196,3 +196,26 @@ def test_a_worker_killed_while_starting_is_replaced():
         assert verdict.score == 1.0
     finally:
         pool.close()
+
+
+def test_a_worker_is_replaced_inside_a_joblib_worker() -> None:
+    """A Hydra sweep's jobs run in joblib (loky) workers, whose default start method is
+    ``loky``: a replaced worker must still start there (it died at birth, ending the job)."""
+    script = "\n".join(
+        [
+            "import multiprocessing",
+            "import joblib.externals.loky.backend.context",
+            "multiprocessing.set_start_method('loky', force=True)",
+            "from tandem.rewards import BoxedMathReward",
+            "slow = r'\\boxed{\\sum_{k=1}^{100000} \\frac{1}{k^3+k+1}}'",
+            "with BoxedMathReward(timeout=0.5, workers=1) as r:",
+            "    print(r.score([slow, r'\\boxed{2}', r'\\boxed{3}'], ['1', '2', '3']))",
+            "print(multiprocessing.get_start_method())",
+        ]
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    # the slow item timed out, its worker was replaced, the others scored; the default stays
+    assert done.stdout.split() == ["[0.0,", "1.0,", "1.0]", "loky"]

@@ -27,11 +27,13 @@ from omegaconf import DictConfig, OmegaConf
 from tandem.data.checks import check_hf_source
 from tandem.engine import SamplingParams
 from tandem.errors import ConfigError
+from tandem.metrics.base import ROLLOUT_INPUTS
 from tandem.modules.loss import ADVANTAGE_MODES, OLD_LOGPROB_SOURCES, LossConfig
 from tandem.modules.models import DTYPES, check_model_path
 from tandem.registry import (
     BACKENDS,
     DATASETS,
+    METRICS,
     REWARDS,
     SAMPLERS,
     Registry,
@@ -60,6 +62,7 @@ MODULE_FROM_RUN = {
     "seed": "seed",
     "val_sampler": "validation.sampler",
     "val_temperature": "validation.temperature",
+    "metrics": "metrics",
 }
 # SamplingParams arguments that the module sets per rollout -> the key that decides them
 GENERATION_FROM_RUN = {
@@ -145,6 +148,7 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
         problems.append(
             f"validation.monitor ({val.get('monitor')!r}) must be one of {list(MONITORS)}."
         )
+    check_metrics(problems, "metrics", c.get("metrics"))
     _check_batch(problems, c, world_size)
     _check_ranges(problems, c)
     _check_intervals(problems, c)
@@ -222,6 +226,26 @@ def check_sampler(problems: list[str], key: str, spec: Any) -> None:
         SAMPLERS.build(spec["name"], tokenizer=tables_from_surfaces([b" "]), **args)
     except (TypeError, ValueError) as err:
         problems.append(f"{key}: {err}")
+
+
+def check_metrics(problems: list[str], key: str, spec: Any) -> None:
+    """``spec``: ``{log key: METRICS name}``, each a metric that a batch of rollouts can feed."""
+    if not isinstance(spec, dict):
+        problems.append(f"{key} must be a mapping of log keys to metric names, e.g. {{n: name}}.")
+        return
+    for name, metric in spec.items():
+        try:
+            cls = METRICS.get(metric)
+        except RegistryError as err:
+            problems.append(f"{key}.{name}: {err}")
+            continue
+        params = inspect.signature(cls.update).parameters.values()
+        needs = [p.name for p in params if p.default is p.empty and p.name != "self"]
+        if missing := sorted(set(needs) - set(ROLLOUT_INPUTS)):
+            problems.append(
+                f"{key}.{name} ({metric!r}) reads {missing}, which rollouts do not give: a metric "
+                f"listed here may read {list(ROLLOUT_INPUTS)}. Remove it from {key}."
+            )
 
 
 def unknown_keys(

@@ -42,6 +42,7 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from tandem.data.datamodule import PromptBatch
 from tandem.engine import JUNIOR, SENIOR, Rollouts, SamplingParams, StopReason, build_backend
+from tandem.metrics.base import build_metrics, measure, values
 from tandem.modules.checks import check_rollouts
 from tandem.modules.logprobs import sequence_logprobs
 from tandem.modules.loss import (
@@ -52,7 +53,7 @@ from tandem.modules.loss import (
     zero_variance_groups,
 )
 from tandem.modules.models import load_causal_lm, load_tokenizer
-from tandem.modules.stats import rollout_table, team_stats
+from tandem.modules.stats import rollout_table
 from tandem.registry import REWARDS, SAMPLERS
 from tandem.runs.faults import fault_point
 from tandem.runs.resume import honour_optimizer_config
@@ -93,6 +94,8 @@ class TandemGRPO(L.LightningModule):
             while sampling), ``trainer`` (a no-grad pass of the trainer's models before the
             update) or ``auto`` (the engine when it samples with the trainer's own float32
             weights, else the trainer).
+        metrics: what the rollouts of each step and validation pass feed, logged as
+            ``train/<key>`` and ``val/<pass>/<key>``: ``{key: a METRICS name}``.
     """
 
     def __init__(
@@ -120,6 +123,7 @@ class TandemGRPO(L.LightningModule):
         backend: dict[str, Any] | None = None,
         logprob_temperature: float | None = None,
         old_logprobs: str = "auto",
+        metrics: dict[str, str] | None = None,
     ) -> None:
         if old_logprobs not in OLD_LOGPROB_SOURCES:
             raise ValueError(
@@ -349,13 +353,14 @@ class TandemGRPO(L.LightningModule):
         seconds: dict[str, float],
     ) -> None:
         g = self.hparams.group_size
-        team = team_stats(rollouts, rewards)
         total = sum(seconds.values())
         values = {
             "train/reward": rewards.mean(),
             "train/reward_std": rewards.std() if rewards.numel() > 1 else torch.tensor(0.0),
             "train/zero_variance_groups": zero_variance_groups(rewards, g).float().mean(),
-            **{f"train/{k}": v for k, v in team.items()},
+            "train/response_length": rollouts.lengths.cpu().float().mean(),
+            "train/truncated": (rollouts.stop_reasons.cpu() == StopReason.LENGTH).float().mean(),
+            **self.measure("train", rollouts, rewards),
             **{f"train/{k}": v for k, v in stats.items()},
             "train/lr": torch.tensor(self.optimizers().param_groups[0]["lr"]),
             "train/weights_lag": torch.tensor(float(self.weights_lag)),
@@ -407,6 +412,20 @@ class TandemGRPO(L.LightningModule):
                 batch_size=len(batch),
                 prog_bar=name == "tandem",
             )
+            # each batch's values, averaged over batches by Lightning as the accuracy is
+            self.log_dict(
+                self.measure(f"val/{name}", rollouts, rewards),
+                sync_dist=True,
+                batch_size=len(batch),
+            )
+
+    def measure(self, prefix: str, rollouts: Rollouts, rewards: Tensor) -> dict[str, Tensor]:
+        """The configured metrics of one batch of rollouts, by ``<prefix>/<key>``; a metric
+        that saw nothing it counts (NaN) is left out."""
+        metrics = build_metrics(self.hparams.metrics or {})
+        measure(metrics, authors=rollouts.authors.cpu(), rewards=rewards.float())
+        out = {f"{prefix}/{k}": v.float() for k, v in values(metrics).items()}
+        return {k: v for k, v in out.items() if not v.isnan()}
 
 
 def _args(spec: dict[str, Any]) -> dict[str, Any]:

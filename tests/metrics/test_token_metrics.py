@@ -109,5 +109,6 @@ def test_every_metric_is_registered() -> None:
         "overlap",
         "senior_share",
         "handoffs",
+        "reward_by_author",
     }
     assert names <= set(METRICS.names())

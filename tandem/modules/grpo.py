@@ -25,7 +25,7 @@ Optimisation is manual because one batch of rollouts may feed several optimizer 
 (``num_iterations`` x ``mini_batches``); ``global_step`` counts optimizer steps.
 
 What this file leaves out: sampling (``tandem.engine``), the objective's algebra
-(``tandem.modules.loss``), and what gets logged where (``tandem.modules.logging``).
+(``tandem.modules.loss``), and the metrics it logs (``tandem.metrics``, listed by the config).
 """
 
 from __future__ import annotations

@@ -92,6 +92,7 @@ def _run(cfg: DictConfig) -> dict[str, Any]:
         drift=cfg.drift,
         writer=writer,
         progress=cfg.progress,
+        metrics=c["metrics"],
         backend=build_backend(
             c.get("backend", "torch"), pair.senior, pair.junior, pair.tokenizer, seed=cfg.seed
         ),

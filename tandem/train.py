@@ -78,18 +78,8 @@ def build(cfg: DictConfig) -> tuple[L.Trainer, TandemGRPO, PromptDataModule, Sto
         **c["prompt"],
         max_prompt_tokens=prompt_token_cap(source.pop("max_prompt_tokens", None), context, max_new),
     )
-    module = TandemGRPO(
-        model=cfg.model.name_or_path,
-        sampler=c["sampler"],
-        reward=c["reward"],
-        generation=c["generation"],
-        group_size=cfg.group_size,
-        dtype=cfg.model.dtype,
-        seed=cfg.seed,
-        val_sampler=c["validation"]["sampler"],
-        val_temperature=cfg.validation.temperature,
-        **c["module"],
-    )
+    # plain containers, not DictConfigs: the module saves its arguments in every checkpoint
+    module = hydra.utils.instantiate(cfg.module, _convert_="all")
     junior = cfg.model.junior_name_or_path or cfg.model.name_or_path
     ckpt_dir = out / "checkpoints"
     stop = StopOnSignal()

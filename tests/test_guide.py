@@ -22,6 +22,7 @@ import tandem.samplers
 from tandem.assets import TINY_WORLD
 from tandem.config import ConfigError, validate_train_config
 from tandem.engine import JUNIOR, SENIOR, SamplingParams, generate
+from tandem.evaluate import run as evaluate
 from tandem.registry import METRICS, REWARDS, SAMPLERS
 from tandem.train import run
 
@@ -111,3 +112,29 @@ def test_the_example_reward_and_metric(examples):
     metric = METRICS.build("response_length")
     metric.update(torch.tensor([[1, 0, 1, -1], [1, -1, -1, -1]]))
     assert float(metric.compute()) == 2.0
+
+
+def test_the_example_metric_is_listed_in_training_validation_and_evaluation(examples, tmp_path):
+    cfg = compose_with(examples, tmp_path / "run", "+metrics.length=response_length")
+    metrics = run(cfg)
+    for key in ("train/length", "val/solo/length", "val/tandem/length"):
+        assert 1.0 <= metrics[key] <= 16.0, key  # tokens per rollout, at most max_new_tokens
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(
+            "evaluate",
+            overrides=[
+                "+metrics.length=response_length",
+                "eval.tiny.limit=2",
+                "eval.tiny.ks=[1,2]",
+                "eval.tiny.n=2",
+                "eval.tiny.max_new_tokens=8",
+                "drift=false",
+                "aim=false",
+                "progress=false",
+                f"output_dir={tmp_path / 'eval'}",
+            ],
+        )
+    table = evaluate(cfg)["sets"]["tiny"]
+    for mode in ("solo", "handoff"):
+        # the example counts what the built-in length does
+        assert table[f"{mode}/length"] == pytest.approx(table[f"{mode}/response_length"])

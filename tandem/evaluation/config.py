@@ -13,7 +13,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from tandem.config import ConfigError, check_component, check_sampler
+from tandem.config import ConfigError, check_component, check_metrics, check_sampler
 from tandem.evaluation.models import is_checkpoint
 from tandem.modules.models import check_model_path
 from tandem.registry import DATASETS, REWARDS
@@ -35,6 +35,7 @@ def validate_eval_config(cfg: DictConfig) -> None:
     c = OmegaConf.to_container(cfg, resolve=False)
     check_sampler(problems, "sampler", c.get("sampler"))
     check_component(problems, "reward", c.get("reward"), REWARDS)
+    check_metrics(problems, "metrics", c.get("metrics"))
     _check_models(problems, c)
     for key in ("batch_size", "forcing_batch_size"):
         if not (_int(c.get(key)) and c[key] > 0):

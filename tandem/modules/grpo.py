@@ -30,6 +30,7 @@ What this file leaves out: sampling (``tandem.engine``), the objective's algebra
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -39,6 +40,7 @@ from torch import Tensor
 
 from tandem.data.datamodule import PromptBatch
 from tandem.engine import JUNIOR, SENIOR, Rollouts, SamplingParams, StopReason, build_backend
+from tandem.engine.backend import TorchBackend
 from tandem.modules.checks import check_rollouts
 from tandem.modules.logprobs import sequence_logprobs
 from tandem.modules.loss import (
@@ -49,6 +51,7 @@ from tandem.modules.loss import (
     zero_variance_groups,
 )
 from tandem.modules.models import load_causal_lm, load_tokenizer
+from tandem.modules.sharding import gathered
 from tandem.modules.stats import rollout_table, team_stats
 from tandem.registry import REWARDS, SAMPLERS
 from tandem.runs.faults import fault_point
@@ -141,6 +144,10 @@ class TandemGRPO(L.LightningModule):
             self.senior = load_causal_lm(self.hparams.model, self.hparams.dtype)
             self.senior.config.use_cache = True
             self.senior.train()  # from_pretrained returns eval mode; the senior is trained
+            # a sharding strategy (trainer=fsdp) shards it here; the junior is never a submodule
+            shard = getattr(self.trainer.strategy, "shard", None) if self._trainer else None
+            if shard is not None:
+                shard(self.senior)
 
     @property
     def junior(self) -> torch.nn.Module | None:
@@ -202,7 +209,11 @@ class TandemGRPO(L.LightningModule):
         # the junior reads along when it writes, and when the loss needs its log-probs (the KL
         # penalty toward it): a solo arm with kl_beta > 0 must not train as plain GRPO
         reads = not sampler.solo or (self.training and self.loss_cfg.kl_beta > 0)
-        return self.backend.generate(batch.prompt_ids, sampler, params, junior=reads)
+        # the torch engine samples from the trainer's senior: sharded, it is gathered once for
+        # the whole rollout, not at every token (vLLM gathers its copy in sync)
+        local = isinstance(self.backend, TorchBackend)
+        with gathered(self.senior) if local else contextlib.nullcontext():
+            return self.backend.generate(batch.prompt_ids, sampler, params, junior=reads)
 
     def step_seed(self, index: int, stream: int) -> int:
         """A seed from (run seed, batch index, rank, stream): resume replays the same samples."""
@@ -258,6 +269,8 @@ class TandemGRPO(L.LightningModule):
         # only the torch engine samples with the trainer's very weights; bf16 or a stale vLLM
         # engine gives log-probs the trainer would not compute
         same = backend == "torch" and self.hparams.dtype == "float32" and precision == "32-true"
+        strategy = self._trainer.strategy if self._trainer is not None else None
+        same &= not getattr(strategy, "lower_precision", False)
         return "engine" if same else "trainer"
 
     def update(

@@ -19,6 +19,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
+from lightning.fabric.utilities.load import _METADATA_FILENAME as METADATA
 from omegaconf import DictConfig, OmegaConf
 
 from tandem.provenance import record_start
@@ -137,7 +138,9 @@ def checkpoint_step(ckpt: str | None) -> int:
     """The optimizer step a run resumes from (0 for a fresh start)."""
     if ckpt is None:
         return 0
-    state = torch.load(ckpt, map_location="cpu", weights_only=False, mmap=True)
+    # a distributed checkpoint (a folder) keeps the loop's state in one file of its own
+    path = Path(ckpt) / METADATA if Path(ckpt).is_dir() else ckpt
+    state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
     return int(state.get("global_step", 0))
 
 

@@ -1,0 +1,102 @@
+"""FSDP2 on 2 CPU processes (gloo), without Lightning: the tiny senior sharded per decoder layer
+generates the unsharded model's very tokens, gathering its parameters once per rollout (not per
+token), and gathers back into the unsharded weights for export and vLLM syncs."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from transformers import AutoModelForCausalLM
+
+from tandem.assets import TINY_WORLD
+from tandem.engine import SamplingParams, generate
+from tandem.engine.vllm_backend import full_tensor
+from tandem.modules.sharding import full_state_dict, gathered, is_sharded, shard
+
+WORLD = 2
+TOKENS = 12
+
+
+def _tiny() -> torch.nn.Module:
+    return AutoModelForCausalLM.from_pretrained(TINY_WORLD, dtype=torch.float32)
+
+
+def _generate(model: torch.nn.Module) -> torch.Tensor:
+    params = SamplingParams(temperature=1.0, max_new_tokens=TOKENS, seed=3, eos_token_ids=())
+    return generate(model, None, [[5, 6, 7], [8, 9]], None, params).tokens  # [2, TOKENS]
+
+
+def _count_all_gathers(monkeypatch_target: list[int]):
+    """Wrap the collective FSDP2 gathers parameters with, counting its calls."""
+    real = dist.all_gather_single
+
+    def counted(*args, **kwargs):
+        monkeypatch_target[0] += 1
+        return real(*args, **kwargs)
+
+    dist.all_gather_single = counted
+    return real
+
+
+def _worker(rank: int, folder: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{folder}/pg", rank=rank, world_size=WORLD)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (WORLD,))
+    model = shard(_tiny(), mesh)
+    units = sum(1 for m in model.modules() if is_sharded(m))
+    calls = [0]
+    real = _count_all_gathers(calls)
+    try:
+        with gathered(model):
+            inside = _generate(model)
+        per_rollout = calls[0]
+        calls[0] = 0
+        _generate(model)  # no gathering context: every forward gathers every unit again
+        per_token = calls[0]
+    finally:
+        dist.all_gather_single = real
+    full = full_state_dict(model)
+    pieces = {k: full_tensor(v) for k, v in model.state_dict().items()}
+    base = _tiny().state_dict()
+    result = {
+        "units": units,
+        "per_rollout": per_rollout,
+        "per_token": per_token,
+        "tokens": inside.tolist(),
+        "sharded": all(type(p).__name__ == "DTensor" for p in model.parameters()),
+        "full_keys": sorted(full),
+        "full_equal": all(torch.equal(full[k], base[k]) for k in full),
+        "full_tensor_equal": all(torch.equal(pieces[k], base[k]) for k in pieces),
+    }
+    Path(folder, f"rank{rank}.json").write_text(json.dumps(result))
+    dist.destroy_process_group()
+
+
+def test_sharded_senior_generates_gathering_once_per_rollout(tmp_path: Path) -> None:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    mp.spawn(_worker, args=(str(tmp_path),), nprocs=WORLD, join=True)
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD))
+    base = _tiny()
+    layers = base.config.num_hidden_layers
+    assert r0["sharded"] and r1["sharded"], "every parameter a DTensor shard"
+    assert r0["units"] == layers + 1, "one unit per decoder layer and the root"
+    # once per unit for the whole rollout, however many tokens it has
+    assert r0["per_rollout"] == r0["units"]
+    assert r0["per_token"] >= TOKENS * layers, "the counter sees per-forward gathers"
+    assert r0["tokens"] == _generate(base).tolist() == r1["tokens"]
+    # rank 0 holds the whole state dict (others none); every rank can gather each tensor
+    assert r0["full_keys"] == sorted(base.state_dict()) and r1["full_keys"] == []
+    assert r0["full_equal"] and r0["full_tensor_equal"] and r1["full_tensor_equal"]
+
+
+def test_shard_refuses_layers_that_match_nothing() -> None:
+    with pytest.raises(ValueError, match=r"strategy.layers \(\['Nope'\]\) matches no module"):
+        shard(_tiny(), mesh=None, layers=["Nope"])

@@ -103,7 +103,7 @@ def test_the_readme_sweep_composes_for_every_sampler() -> None:
             validate_train_config(train_config(f"sampler={sampler}", f"sampler.p={p}"))
 
 
-@pytest.mark.parametrize("trainer", ["gpu", "ddp", "fsdp"])
+@pytest.mark.parametrize("trainer", ["gpu", "ddp", "fsdp", "fsdp_gpu"])
 def test_paper_scale_configs_compose(trainer: str, hub_online: None) -> None:
     cfg = train_config("model=qwen3_4b", "data=deepscaler", f"trainer={trainer}", "experiment=trl")
     validate_train_config(cfg, world_size=2 if trainer != "gpu" else 1)

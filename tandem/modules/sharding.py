@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.fabric.utilities.load import _METADATA_FILENAME
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
 
@@ -57,6 +56,9 @@ class FSDP2Strategy(ModelParallelStrategy):
             (GPUs only: it trades step time for device memory).
         reshard_after_forward: free each layer's gathered parameters after its forward (less
             memory) rather than keep them for backward (one all-gather fewer per layer).
+        activation_checkpointing: keep only each layer's input from the forward pass and
+            recompute the rest in backward (about a third more compute for far less activation
+            memory on long rollouts), through the model's own ``gradient_checkpointing_enable``.
         kwargs: ``ModelParallelStrategy``'s own (``save_distributed_checkpoint``, ``timeout``,
             ``process_group_backend``); data parallel over all processes, no tensor parallel.
     """
@@ -68,6 +70,7 @@ class FSDP2Strategy(ModelParallelStrategy):
         reduce_dtype: str | None = None,
         cpu_offload: bool = False,
         reshard_after_forward: bool = True,
+        activation_checkpointing: bool = False,
         **kwargs: Any,
     ) -> None:
         for key, value in (("param_dtype", param_dtype), ("reduce_dtype", reduce_dtype)):
@@ -81,6 +84,7 @@ class FSDP2Strategy(ModelParallelStrategy):
         self.layers, self.cpu_offload = layers, cpu_offload
         self.param_dtype, self.reduce_dtype = param_dtype, reduce_dtype
         self.reshard_after_forward = reshard_after_forward
+        self.activation_checkpointing = activation_checkpointing
 
     def setup_environment(self) -> None:
         # every process is one shard of one data parallel group (the parent's "auto" would
@@ -103,6 +107,7 @@ class FSDP2Strategy(ModelParallelStrategy):
             reduce_dtype=self.reduce_dtype,
             cpu_offload=self.cpu_offload,
             reshard_after_forward=self.reshard_after_forward,
+            activation_checkpointing=self.activation_checkpointing,
         )
 
     def save_checkpoint(
@@ -132,8 +137,10 @@ def shard(
     reduce_dtype: str | None = None,
     cpu_offload: bool = False,
     reshard_after_forward: bool = True,
+    activation_checkpointing: bool = False,
 ) -> nn.Module:
-    """Apply ``fully_shard`` to each module of a class in ``layers``, then to ``model``."""
+    """Apply ``fully_shard`` to each module of a class in ``layers``, then to ``model``
+    (activation checkpointing first, so that recomputation gathers through FSDP's hooks)."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     names = set(layers or getattr(model, "_no_split_modules", None) or ())
@@ -144,6 +151,9 @@ def shard(
             "FSDP2 would gather the whole model at once. Name its decoder layer class, e.g. "
             "trainer.strategy.layers=[Qwen3DecoderLayer]."
         )
+    if activation_checkpointing:
+        # non-reentrant: the recomputed forward runs FSDP2's hooks like the first one did
+        model.gradient_checkpointing_enable({"use_reentrant": False})
     options: dict[str, Any] = {"mesh": mesh}
     if param_dtype is not None or reduce_dtype is not None:
         options["mp_policy"] = MixedPrecisionPolicy(
@@ -196,14 +206,14 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
         return model.state_dict()
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(
+    state = get_model_state_dict(
         model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
     )
-
-
-def checkpoint_metadata(folder: str | Path) -> Path:
-    """The file of a distributed checkpoint folder holding its step and loop state."""
-    return Path(folder) / _METADATA_FILENAME
+    # gathered one by one, tied parameters (embeddings and head) no longer share storage, so a
+    # save would write both: keep the first name of each, as an unsharded model's save does
+    tied = [name for name, _ in model.named_parameters(remove_duplicate=False)]
+    first = {name for name, _ in model.named_parameters()}
+    return {k: v for k, v in state.items() if k in first or k not in tied}
 
 
 def _replace_folder(tmp: Path, path: Path) -> None:

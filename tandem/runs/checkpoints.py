@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import lightning as L
+from lightning.fabric.utilities.load import _METADATA_FILENAME as METADATA
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
@@ -84,6 +85,20 @@ def verify(path: str | Path) -> str | None:
     if actual != expected:
         return f"{path} does not match its checksum {sidecar.name} (truncated or corrupted)"
     return None
+
+
+def is_distributed_checkpoint(path: str | Path) -> bool:
+    """Whether ``path`` is a sharded run's checkpoint folder (shards plus ``meta.pt``)."""
+    return (Path(path) / METADATA).is_file()
+
+
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    """A checkpoint's dictionary, tensors memory-mapped; for a distributed checkpoint, the part
+    outside the shards (step, loops, callbacks, hyperparameters)."""
+    import torch
+
+    file = Path(path) / METADATA if Path(path).is_dir() else Path(path)
+    return torch.load(file, map_location="cpu", weights_only=False, mmap=True)
 
 
 def write_folder_checksums(folder: str | Path, name: str) -> Path:

@@ -20,8 +20,11 @@ that no KV computed under the old weights is reused) and records the step they c
 ``weights_step``, which ``generate`` logs with every batch. This needs the engine in this
 process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (set here unless the environment says otherwise).
 
-What this file leaves out: tensor/pipeline parallel engines and FSDP-sharded seniors (the
-weights must arrive whole); samplers other than solo, word, token, step and sentence.
+An FSDP-sharded senior's parameters are ``DTensor`` shards: ``load_weights`` gathers each whole
+(``full_tensor``) as vLLM reads it, one tensor at a time, so no rank holds a second full copy.
+
+What this file leaves out: tensor/pipeline parallel engines; samplers other than solo, word,
+token, step and sentence.
 """
 
 from __future__ import annotations

@@ -302,12 +302,14 @@ class TandemGRPO(L.LightningModule):
                     junior_mask[idx].to(dev),
                     self.loss_cfg,
                 )
-                opt.zero_grad(set_to_none=True)
                 self.manual_backward(loss)
                 self.clip_gradients(
                     opt, gradient_clip_val=hp.max_grad_norm, gradient_clip_algorithm="norm"
                 )
                 opt.step()
+                # freed as soon as the step has used them, not before the next backward: the
+                # next rollout then never holds them beside the gathered senior
+                opt.zero_grad(set_to_none=True)
                 sched.step()
                 fault_point("update", self.global_step)
                 for k, v in stats.items():

@@ -129,3 +129,23 @@ def test_evaluate_reads_the_export_and_the_distributed_checkpoint(runs, tmp_path
     assert results["export"]["drift/kl"] > 0, "the trained senior drifted from its base"
     # the same senior read two ways: the same tables
     assert results["export"] == pytest.approx(results["ckpt"])
+
+
+@pytest.mark.slow
+def test_kills_in_the_checkpoint_and_the_export_of_a_sharded_run(runs, tmp_path: Path) -> None:
+    out = tmp_path / "killed"
+    # rank 0 dies with step 2's shards and checksums written, before the folder is renamed
+    r = train(out, "trainer=fsdp", fault="checkpoint@2")
+    assert r.returncode == -signal.SIGKILL, r.stderr[-3000:]
+    left = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert any(name.startswith("step-2.ckpt.tmp-") for name in left), left
+    assert "step-2.ckpt" not in left and newest_verified(out / "checkpoints").name == "step-1.ckpt"
+    # resumed from step 1, killed while the gathered senior is written
+    r = train(out, "trainer=fsdp", "ckpt_path=last", fault=f"export@{STEPS}")
+    assert r.returncode == -signal.SIGKILL, r.stderr[-3000:]
+    assert not (out / "senior").exists(), "a half export is never under the final name"
+    r = train(out, "trainer=fsdp", "ckpt_path=last")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert not [p for p in (out / "checkpoints").iterdir() if ".tmp-" in p.name]
+    a, b = weights(runs["fsdp"] / "senior"), weights(out / "senior")
+    assert all(torch.equal(a[k], b[k]) for k in a)

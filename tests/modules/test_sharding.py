@@ -44,6 +44,14 @@ def _count_all_gathers(monkeypatch_target: list[int]):
     return real
 
 
+def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Whole gradients of one training forward and backward."""
+    model.train()
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+    return {n: full_tensor(p.grad) for n, p in model.named_parameters()}
+
+
 def _worker(rank: int, folder: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{folder}/pg", rank=rank, world_size=WORLD)
@@ -63,6 +71,8 @@ def _worker(rank: int, folder: str) -> None:
         per_token = calls[0]
     finally:
         dist.all_gather_single = real
+    plain, checkpointed = (shard(_tiny(), mesh, activation_checkpointing=ac) for ac in (0, 1))
+    grads = [_grads(plain), _grads(checkpointed)]
     full = full_state_dict(model)
     pieces = {k: full_tensor(v) for k, v in model.state_dict().items()}
     base = _tiny().state_dict()
@@ -75,6 +85,9 @@ def _worker(rank: int, folder: str) -> None:
         "full_keys": sorted(full),
         "full_equal": all(torch.equal(full[k], base[k]) for k in full),
         "full_tensor_equal": all(torch.equal(pieces[k], base[k]) for k in pieces),
+        "checkpointing": [plain.is_gradient_checkpointing, checkpointed.is_gradient_checkpointing],
+        "checkpointed_grads_equal": grads[0].keys() == grads[1].keys()
+        and all(torch.allclose(grads[0][k], grads[1][k], atol=1e-6) for k in grads[0]),
     }
     Path(folder, f"rank{rank}.json").write_text(json.dumps(result))
     dist.destroy_process_group()
@@ -97,6 +110,9 @@ def test_sharded_senior_generates_gathering_once_per_rollout(tmp_path: Path) -> 
     assert set(base.state_dict()) - set(r0["full_keys"]) == {"lm_head.weight"}
     assert base.config.tie_word_embeddings and r1["full_keys"] == []
     assert r0["full_equal"] and r0["full_tensor_equal"] and r1["full_tensor_equal"]
+    # recomputing activations in backward changes no gradient
+    assert r0["checkpointing"] == [False, True]
+    assert r0["checkpointed_grads_equal"] and r1["checkpointed_grads_equal"]
 
 
 def test_shard_refuses_layers_that_match_nothing() -> None:

@@ -168,8 +168,11 @@ class TandemGRPO(L.LightningModule):
         # Lightning restores the optimizer and the scheduler after this hook, with the lr and
         # weight decay they were saved with: a resume that changed them must train with the new
         hp = self.hparams
+        # a sharding strategy has loaded the optimizer from its shards already
+        strategy = self.trainer.strategy
+        loaded = () if strategy.lightning_restore_optimizer else strategy.optimizers
         honour_optimizer_config(
-            checkpoint, hp.lr, hp.weight_decay, lambda s: warmup_factor(s, hp.warmup_steps)
+            checkpoint, hp.lr, hp.weight_decay, lambda s: warmup_factor(s, hp.warmup_steps), loaded
         )
 
     # -- rollouts ------------------------------------------------------------------------------

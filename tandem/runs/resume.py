@@ -18,7 +18,7 @@ What this file leaves out: where the start records go (``tandem.provenance``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -123,20 +123,27 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def honour_optimizer_config(
-    checkpoint: dict[str, Any], lr: float, weight_decay: float, factor: Callable[[int], float]
+    checkpoint: dict[str, Any],
+    lr: float,
+    weight_decay: float,
+    factor: Callable[[int], float],
+    restored: Iterable[Any] = (),
 ) -> None:
     """Rewrite a checkpoint's optimizer and scheduler state, before Lightning restores it, to
     the configured ``lr`` and ``weight_decay``. ``factor(step)`` is the scheduler's multiplier
     (warmup): the restored lr is ``lr * factor(step)``, as the scheduler itself computes it, so
-    an unchanged config restores the very same numbers."""
+    an unchanged config restores the very same numbers. ``restored``: optimizers a strategy
+    has already loaded (a distributed checkpoint holds their state in its shards, not in
+    ``optimizer_states``); their parameter groups are rewritten in place."""
     step = None
     for sched in checkpoint.get("lr_schedulers") or []:
         step = int(sched["last_epoch"])
         sched["base_lrs"] = [lr] * len(sched["base_lrs"])
         if "_last_lr" in sched:
             sched["_last_lr"] = [lr * factor(step)] * len(sched["_last_lr"])
-    for opt in checkpoint.get("optimizer_states") or []:
-        for group in opt["param_groups"]:
-            group["initial_lr"] = lr
-            group["lr"] = lr if step is None else lr * factor(step)
-            group["weight_decay"] = weight_decay
+    groups = [g for opt in checkpoint.get("optimizer_states") or [] for g in opt["param_groups"]]
+    groups += [g for opt in restored for g in opt.param_groups]
+    for group in groups:
+        group["initial_lr"] = lr
+        group["lr"] = lr if step is None else lr * factor(step)
+        group["weight_decay"] = weight_decay

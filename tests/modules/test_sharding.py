@@ -1,6 +1,6 @@
 """FSDP2 on 2 CPU processes (gloo), without Lightning: the tiny senior sharded per decoder layer
 generates the unsharded model's very tokens, gathering its parameters once per rollout (not per
-token), and gathers back into the unsharded weights for export and vLLM syncs."""
+token), and gathers back into the unsharded weights for export and vLLM weight syncs."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 
 from tandem.assets import TINY_WORLD
 from tandem.engine import SamplingParams, generate
-from tandem.engine.vllm_backend import full_tensor
+from tandem.engine.vllm_backend import VLLMBackend
 from tandem.modules.sharding import full_state_dict, gathered, is_sharded, shard
 
 WORLD = 2
@@ -49,7 +49,32 @@ def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     model.train()
     ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
     model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
-    return {n: full_tensor(p.grad) for n, p in model.named_parameters()}
+    return {n: p.grad.full_tensor() for n, p in model.named_parameters()}
+
+
+class _Engine:
+    """What the vLLM backend's weight sync calls on its engine, recording the weights."""
+
+    def collective_rpc(self, method: str, kwargs: dict) -> None:
+        self.weights = {name: t.clone() for name, t in kwargs["weights_iterator"]}
+
+    def reset_prefix_cache(self) -> None:
+        pass
+
+
+def _synced_to_vllm(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The weights ``VLLMBackend.sync`` hands its engine for a sharded senior (the engine faked:
+    vLLM itself is not installed here)."""
+    backend = VLLMBackend.__new__(VLLMBackend)
+    backend.senior, backend.junior, backend.sync_every, backend.weights_step = (
+        _Engine(),
+        None,
+        1,
+        -1,
+    )
+    backend.sync(model, step=0)
+    assert backend.weights_step == 0
+    return backend.senior.weights
 
 
 def _worker(rank: int, folder: str) -> None:
@@ -74,7 +99,7 @@ def _worker(rank: int, folder: str) -> None:
     plain, checkpointed = (shard(_tiny(), mesh, activation_checkpointing=ac) for ac in (0, 1))
     grads = [_grads(plain), _grads(checkpointed)]
     full = full_state_dict(model)
-    pieces = {k: full_tensor(v) for k, v in model.state_dict().items()}
+    pieces = _synced_to_vllm(model)
     base = _tiny().state_dict()
     result = {
         "units": units,
@@ -84,7 +109,8 @@ def _worker(rank: int, folder: str) -> None:
         "sharded": all(type(p).__name__ == "DTensor" for p in model.parameters()),
         "full_keys": sorted(full),
         "full_equal": all(torch.equal(full[k], base[k]) for k in full),
-        "full_tensor_equal": all(torch.equal(pieces[k], base[k]) for k in pieces),
+        "synced_keys": sorted(pieces),
+        "synced_equal": all(torch.equal(pieces[k], base[k]) for k in pieces),
         "checkpointing": [plain.is_gradient_checkpointing, checkpointed.is_gradient_checkpointing],
         "checkpointed_grads_equal": grads[0].keys() == grads[1].keys()
         and all(torch.allclose(grads[0][k], grads[1][k], atol=1e-6) for k in grads[0]),
@@ -93,7 +119,7 @@ def _worker(rank: int, folder: str) -> None:
     dist.destroy_process_group()
 
 
-def test_sharded_senior_generates_gathering_once_per_rollout(tmp_path: Path) -> None:
+def test_sharded_senior_generates_exports_and_syncs_whole(tmp_path: Path) -> None:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     mp.spawn(_worker, args=(str(tmp_path),), nprocs=WORLD, join=True)
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD))
@@ -106,10 +132,11 @@ def test_sharded_senior_generates_gathering_once_per_rollout(tmp_path: Path) -> 
     assert r0["per_token"] >= TOKENS * layers, "the counter sees per-forward gathers"
     assert r0["tokens"] == _generate(base).tolist() == r1["tokens"]
     # rank 0 holds the whole state dict (others none), the tied head once, as HF saves it;
-    # every rank can gather each tensor
+    # every rank's vLLM engine gets every tensor whole
     assert set(base.state_dict()) - set(r0["full_keys"]) == {"lm_head.weight"}
     assert base.config.tie_word_embeddings and r1["full_keys"] == []
-    assert r0["full_equal"] and r0["full_tensor_equal"] and r1["full_tensor_equal"]
+    assert r0["full_equal"] and r0["synced_equal"] and r1["synced_equal"]
+    assert r0["synced_keys"] == r1["synced_keys"] == sorted(base.state_dict())
     # recomputing activations in backward changes no gradient
     assert r0["checkpointing"] == [False, True]
     assert r0["checkpointed_grads_equal"] and r1["checkpointed_grads_equal"]

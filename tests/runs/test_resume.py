@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tandem.modules.grpo import warmup_factor
 from tandem.runs import RunRefused
@@ -50,3 +51,13 @@ def test_the_optimizer_state_takes_the_new_lr_and_weight_decay() -> None:
     assert group == {"lr": 5e-4 * 0.6, "initial_lr": 5e-4, "weight_decay": 0.1}
     assert ckpt["lr_schedulers"][0]["base_lrs"] == [5e-4]
     assert ckpt["lr_schedulers"][0]["_last_lr"] == [5e-4 * 0.6]
+
+
+def test_an_optimizer_a_strategy_restored_takes_the_new_lr_too() -> None:
+    # a distributed checkpoint's optimizer state is loaded from its shards, before the hook
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=6e-4, weight_decay=0.0)
+    ckpt = {"lr_schedulers": [{"last_epoch": 2, "base_lrs": [1e-3], "_last_lr": [6e-4]}]}
+    honour_optimizer_config(ckpt, 5e-4, 0.1, lambda s: warmup_factor(s, 5), [opt])
+    (group,) = opt.param_groups
+    assert group["lr"] == 5e-4 * 0.6 and group["initial_lr"] == 5e-4
+    assert group["weight_decay"] == 0.1

@@ -344,6 +344,8 @@ def _check_targets(problems: list[str], group: str, spec: Any) -> None:
         known = {*_arguments(cls), "_target_"} - set(set_by or {})
         listed = f"the arguments of {s['_target_']}"
         unknown_keys(problems, where, s, known, set_by=set_by, listed=listed)
+        if isinstance(s.get("strategy"), dict):  # a strategy built from config (trainer=fsdp)
+            _check_targets(problems, f"{where}.strategy", s["strategy"])
 
 
 def _indexed(group: str, spec: Any) -> Iterable[tuple[str, Any]]:

@@ -111,6 +111,11 @@ def test_paper_scale_configs_compose(trainer: str, hub_online: None) -> None:
     assert cfg.data.holdout > 0
 
 
+def test_a_typo_in_the_sharding_strategy_is_named() -> None:
+    problems = _problems("trainer=fsdp", "+trainer.strategy.cpu_ofload=true")
+    assert "trainer.strategy" in problems and "cpu_offload" in problems
+
+
 def test_rollout_backend_is_checked_before_anything_loads() -> None:
     validate_train_config(train_config("module.backend.name=vllm", "+module.backend.sync_every=2"))
     problems = _problems("module.backend.name=sglang")

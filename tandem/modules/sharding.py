@@ -27,10 +27,12 @@ import shutil
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
 
@@ -59,8 +61,13 @@ class FSDP2Strategy(ModelParallelStrategy):
         activation_checkpointing: keep only each layer's input from the forward pass and
             recompute the rest in backward (about a third more compute for far less activation
             memory on long rollouts), through the model's own ``gradient_checkpointing_enable``.
-        kwargs: ``ModelParallelStrategy``'s own (``save_distributed_checkpoint``, ``timeout``,
-            ``process_group_backend``); data parallel over all processes, no tensor parallel.
+        save_distributed_checkpoint: each rank writes its shards (a checkpoint is a folder) or
+            rank 0 gathers everything into one file.
+        process_group_backend: ``gloo``, ``nccl``, ... (None: Lightning's choice per device).
+        timeout: how long a collective waits before the run fails.
+
+    Data parallel over all processes, no tensor parallelism (``ModelParallelStrategy`` offers
+    it; the data module and the engine assume every rank is a data shard).
     """
 
     def __init__(
@@ -71,7 +78,9 @@ class FSDP2Strategy(ModelParallelStrategy):
         cpu_offload: bool = False,
         reshard_after_forward: bool = True,
         activation_checkpointing: bool = False,
-        **kwargs: Any,
+        save_distributed_checkpoint: bool = True,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = default_pg_timeout,
     ) -> None:
         for key, value in (("param_dtype", param_dtype), ("reduce_dtype", reduce_dtype)):
             if value is not None and value not in DTYPES:
@@ -80,7 +89,13 @@ class FSDP2Strategy(ModelParallelStrategy):
                     f"dtype FSDP2 casts to. Set trainer.strategy.{key}=bfloat16 on GPUs."
                 )
         # data parallel size is set once the world size is known (setup_environment)
-        super().__init__(data_parallel_size="auto", tensor_parallel_size=1, **kwargs)
+        super().__init__(
+            data_parallel_size="auto",
+            tensor_parallel_size=1,
+            save_distributed_checkpoint=save_distributed_checkpoint,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+        )
         self.layers, self.cpu_offload = layers, cpu_offload
         self.param_dtype, self.reduce_dtype = param_dtype, reduce_dtype
         self.reshard_after_forward = reshard_after_forward

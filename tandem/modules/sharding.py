@@ -107,6 +107,12 @@ class FSDP2Strategy(ModelParallelStrategy):
         self._data_parallel_size = self.num_nodes * self.num_processes
         super().setup_environment()
 
+    def model_to_device(self) -> None:
+        # fully_shard has placed every parameter and buffer already; with CPU offload the
+        # shards must stay in host memory, where moving the whole module would undo it
+        if not self.cpu_offload:
+            super().model_to_device()
+
     @property
     def lower_precision(self) -> bool:
         """Whether forward passes run below float32 (so the engine's log-probs differ)."""

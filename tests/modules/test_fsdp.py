@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM
 
 from tandem.assets import TINY_WORLD
 from tandem.evaluate import run as evaluate
-from tandem.modules.export import export_checkpoint
+from tandem.modules.export import export_checkpoint, load_checkpoint_file
 from tandem.runs.checkpoints import is_distributed_checkpoint, newest_verified, verify
 from tests.modules.test_train import cli, metrics_rows
 
@@ -69,6 +69,11 @@ def test_sharded_run_trains_and_writes_verified_distributed_checkpoints(
     assert all(0.0 < float(r["train/senior_share"]) < 1.0 for r in rows), "a tandem run"
     last = newest_verified(out / "checkpoints")
     assert last.name == f"step-{STEPS}.ckpt" and is_distributed_checkpoint(last)
+    state = load_checkpoint_file(last)
+    keys = state["state_dict"].keys()
+    assert keys and all(k.startswith("senior.") for k in keys), "the junior is never saved"
+    optimized = state["optimizer_0"]["state"].keys()
+    assert optimized and all(k.startswith("senior.") for k in optimized), "nor optimized"
     shards = sorted(p.name for p in last.glob("*.distcp"))
     assert shards == ["__0_0.distcp", "__1_0.distcp"], "one file of shards per rank"
     # a changed shard fails the folder's checksum (on a copy: the other tests read this one)

@@ -425,6 +425,8 @@ def _check_target(
     known = {*_arguments(cls), *HYDRA_KEYS} - set(set_by or {})
     listed = f"the arguments of {spec['_target_']}"
     unknown_keys(problems, where, spec, known, set_by=set_by, listed=listed)
+    if isinstance(spec.get("strategy"), dict):  # a strategy built from config (trainer=fsdp)
+        _check_target(problems, f"{where}.strategy", spec["strategy"])
 
 
 def _indexed(group: str, spec: Any) -> Iterable[tuple[str, Any]]:

@@ -115,12 +115,17 @@ def test_the_readme_sweep_composes_for_every_sampler() -> None:
             validate_train_config(train_config(f"sampler={sampler}", f"sampler.p={p}"))
 
 
-@pytest.mark.parametrize("trainer", ["gpu", "ddp", "fsdp"])
+@pytest.mark.parametrize("trainer", ["gpu", "ddp", "fsdp", "fsdp_gpu"])
 def test_paper_scale_configs_compose(trainer: str, hub_online: None) -> None:
     cfg = train_config("model=qwen3_4b", "data=deepscaler", f"trainer={trainer}", "experiment=trl")
     validate_train_config(cfg, world_size=2 if trainer != "gpu" else 1)
     assert cfg.model.name_or_path == "Qwen/Qwen3-4B-Instruct-2507"
     assert cfg.data.holdout > 0
+
+
+def test_a_typo_in_the_sharding_strategy_is_named() -> None:
+    problems = _problems("trainer=fsdp", "+trainer.strategy.cpu_ofload=true")
+    assert "trainer.strategy" in problems and "cpu_offload" in problems
 
 
 def test_rollout_backend_is_checked_before_anything_loads() -> None:

@@ -7,6 +7,11 @@ senior and under the junior is recorded on the way, for GRPO and for the drift a
 metrics, with no extra forward pass. Solo generation is the same loop with the ``solo`` sampler;
 ``junior=None`` then skips the junior altogether.
 
+Devices: the junior may sit on a device of its own. Between the two models' forward passes of a
+step nothing waits for a device: tokens and log-probs cross devices with ``reader.move``, and the
+host reads device values (``bool``, ``.item()``) only once both forwards are queued, so that a
+junior on its own GPU computes while the senior does.
+
 With ``params.logprob_temperature`` set, each model's log-prob of the token with its logits divided
 by that temperature is recorded too (``old_logprobs``, ``ref_logprobs``): the policy loss's view.
 
@@ -44,7 +49,7 @@ from tandem.engine.draw import (
     score,
     tempered_logprobs,
 )
-from tandem.engine.reader import Reader
+from tandem.engine.reader import Reader, move
 from tandem.samplers.base import Handoff, Sampler
 from tandem.samplers.solo import SoloSampler
 
@@ -194,14 +199,14 @@ class _Loop:
         token, author = batch.where_live(token, self.pad), batch.where_live(author, PAD)
         lps = []
         for names, s, r in zip(self.logprob_names, scores, self.readers, strict=True):
-            tok = token.to(r.device)
+            tok = move(token, r.device)
             raw = logprobs(s, tok)
             values = [raw]
             if len(names) > 1:  # the policy loss's log-probs, at its temperature
                 t = self.params.logprob_temperature
                 values.append(raw if t == 1.0 else tempered_logprobs(s, tok, t))
             lps += [
-                (name, batch.where_live(v.to(self.home), 0.0))
+                (name, batch.where_live(move(v, self.home), 0.0))
                 for name, v in zip(names, values, strict=True)
             ]
         return token, author, lps

@@ -22,8 +22,10 @@ that no KV computed under the old weights is reused) and records the step they c
 ``weights_step``, which ``generate`` logs with every batch. This needs the engine in this
 process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (set here unless the environment says otherwise).
 
-What this file leaves out: tensor/pipeline parallel engines and FSDP-sharded seniors (the
-weights must arrive whole).
+An FSDP-sharded senior's parameters are ``DTensor`` shards: ``load_weights`` gathers each whole
+(``full_tensor``) as vLLM reads it, one tensor at a time, so no rank holds a second full copy.
+
+What this file leaves out: tensor/pipeline parallel engines.
 """
 
 from __future__ import annotations
@@ -258,7 +260,7 @@ class VLLMBackend:
         if self.junior is self.senior:  # the junior stays at the starting weights
             self.junior = self._engine(self.paths[1])
         items = weights.items() if hasattr(weights, "items") else weights
-        stream = ((name, t.detach()) for name, t in items)
+        stream = ((name, full_tensor(t.detach())) for name, t in items)
         self.senior.collective_rpc(
             "reload_weights", kwargs={"weights_iterator": stream, "is_checkpoint_format": True}
         )
@@ -266,7 +268,10 @@ class VLLMBackend:
         self.weights_step = step
 
     def sync(self, senior: Any, step: int) -> None:
-        """Load ``senior``'s weights when ``sync_every`` steps have passed (or never loaded)."""
+        """Load ``senior``'s weights when ``sync_every`` steps have passed (or never loaded).
+
+        A sharded senior's parameters are gathered one tensor at a time as vLLM reads them (so
+        every rank must sync at the same step, as the trainer does)."""
         if self.weights_step < 0 or step - self.weights_step >= self.sync_every:
             self.load_weights(senior.state_dict(), step)
 
@@ -492,3 +497,11 @@ def _eos_ids(path: str) -> tuple[int, ...]:
         if eos is not None:
             return (eos,) if isinstance(eos, int) else tuple(eos)
     return ()
+
+
+def full_tensor(t: Tensor) -> Tensor:
+    """``t`` whole: a ``DTensor`` shard (an FSDP2 senior's parameter) is all-gathered, a
+    collective every rank of its mesh must join; any other tensor is itself."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t

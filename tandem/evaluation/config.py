@@ -70,8 +70,8 @@ def _check_models(problems: list[str], c: dict[str, Any]) -> None:
         if not isinstance(value, str) or not value or value == "???":
             continue  # a missing value is reported above
         if is_checkpoint(value):
-            if not Path(value).expanduser().is_file():
-                problems.append(f"{key} ({value!r}) is not a checkpoint file that exists.")
+            if not Path(value).expanduser().exists():
+                problems.append(f"{key} ({value!r}) is not a checkpoint that exists.")
         elif msg := check_model_path(value, key):
             problems.append(msg)
 

@@ -30,6 +30,7 @@ What this file leaves out: sampling (``tandem.engine``), the objective's algebra
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -42,6 +43,7 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from tandem.data.datamodule import PromptBatch
 from tandem.engine import JUNIOR, SENIOR, Rollouts, SamplingParams, StopReason, build_backend
+from tandem.engine.backend import TorchBackend
 from tandem.metrics.base import build_metrics, measure, values
 from tandem.modules.checks import check_rollouts
 from tandem.modules.logprobs import sequence_logprobs
@@ -53,6 +55,7 @@ from tandem.modules.loss import (
     zero_variance_groups,
 )
 from tandem.modules.models import load_causal_lm, load_tokenizer
+from tandem.modules.sharding import gathered
 from tandem.modules.stats import rollout_table
 from tandem.registry import REWARDS, SAMPLERS
 from tandem.runs.faults import fault_point
@@ -155,6 +158,10 @@ class TandemGRPO(L.LightningModule):
             self.senior = load_causal_lm(self.hparams.model, self.hparams.dtype)
             self.senior.config.use_cache = True
             self.senior.train()  # from_pretrained returns eval mode; the senior is trained
+            # a sharding strategy (trainer=fsdp) shards it here; the junior is never a submodule
+            shard = getattr(self.trainer.strategy, "shard", None) if self._trainer else None
+            if shard is not None:
+                shard(self.senior)
 
     @property
     def junior(self) -> torch.nn.Module | None:
@@ -170,7 +177,10 @@ class TandemGRPO(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Lightning restores the optimizer and the scheduler after this hook, with the lr and
         # weight decay they were saved with: a resume that changed them must train with the new
-        honour_optimizer_config(checkpoint, self.make_optimizer, self.make_scheduler)
+        # a sharding strategy has loaded the optimizer from its shards already
+        strategy = self.trainer.strategy
+        loaded = () if strategy.lightning_restore_optimizer else strategy.optimizers
+        honour_optimizer_config(checkpoint, self.make_optimizer, self.make_scheduler, loaded)
 
     # -- rollouts ------------------------------------------------------------------------------
     def rollout(
@@ -205,7 +215,11 @@ class TandemGRPO(L.LightningModule):
         # the junior reads along when it writes, and when the loss needs its log-probs (the KL
         # penalty toward it): a solo arm with kl_beta > 0 must not train as plain GRPO
         reads = not sampler.solo or (self.training and self.loss_cfg.kl_beta > 0)
-        return self.backend.generate(batch.prompt_ids, sampler, params, junior=reads)
+        # the torch engine samples from the trainer's senior: sharded, it is gathered once for
+        # the whole rollout, not at every token (vLLM gathers its copy in sync)
+        local = isinstance(self.backend, TorchBackend)
+        with gathered(self.senior) if local else contextlib.nullcontext():
+            return self.backend.generate(batch.prompt_ids, sampler, params, junior=reads)
 
     def step_seed(self, index: int, stream: int) -> int:
         """A seed from (run seed, batch index, rank, stream): resume replays the same samples."""
@@ -261,6 +275,8 @@ class TandemGRPO(L.LightningModule):
         # only the torch engine samples with the trainer's very weights; bf16 or a stale vLLM
         # engine gives log-probs the trainer would not compute
         same = backend == "torch" and self.hparams.dtype == "float32" and precision == "32-true"
+        strategy = self._trainer.strategy if self._trainer is not None else None
+        same &= not getattr(strategy, "lower_precision", False)
         return "engine" if same else "trainer"
 
     def update(
@@ -292,12 +308,14 @@ class TandemGRPO(L.LightningModule):
                     junior_mask[idx].to(dev),
                     self.loss_cfg,
                 )
-                opt.zero_grad(set_to_none=True)
                 self.manual_backward(loss)
                 self.clip_gradients(
                     opt, gradient_clip_val=hp.max_grad_norm, gradient_clip_algorithm="norm"
                 )
                 opt.step()
+                # freed as soon as the step has used them, not before the next backward: the
+                # next rollout then never holds them beside the gathered senior
+                opt.zero_grad(set_to_none=True)
                 if sched is not None:
                     sched.step()
                 fault_point("update", self.global_step)

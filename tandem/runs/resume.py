@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -144,9 +144,12 @@ def honour_optimizer_config(
     checkpoint: dict[str, Any],
     make_optimizer: Callable[[list[torch.Tensor]], torch.optim.Optimizer],
     make_scheduler: Callable[[torch.optim.Optimizer], Any] | None,
+    restored: Iterable[Any] = (),
 ) -> None:
     """Rewrite a checkpoint's optimizer and scheduler state, before Lightning restores it, to
-    the configured lr and weight decay at the checkpoint's step.
+    the configured lr and weight decay at the checkpoint's step. ``restored``: optimizers a
+    strategy has already loaded (a distributed checkpoint holds their state in its shards, not
+    in ``optimizer_states``); their parameter groups are rewritten in place.
 
     The configured optimizer and scheduler are built on a stand-in parameter and stepped as
     often as the checkpoint's scheduler was, so the restored lr is the one the scheduler itself
@@ -159,9 +162,10 @@ def honour_optimizer_config(
         sched["base_lrs"] = [fresh.get("initial_lr", fresh["lr"])] * len(sched["base_lrs"])
         if "_last_lr" in sched:
             sched["_last_lr"] = [fresh["lr"]] * len(sched["_last_lr"])
-    for opt in checkpoint.get("optimizer_states") or []:
-        for group in opt["param_groups"]:
-            group.update({k: fresh[k] for k in ("lr", "initial_lr", "weight_decay") if k in fresh})
+    groups = [g for opt in checkpoint.get("optimizer_states") or [] for g in opt["param_groups"]]
+    groups += [g for opt in restored for g in opt.param_groups]
+    for group in groups:
+        group.update({k: fresh[k] for k in ("lr", "initial_lr", "weight_decay") if k in fresh})
 
 
 def _stepped(

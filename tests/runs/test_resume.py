@@ -73,3 +73,15 @@ def test_a_change_is_reported_once_not_again_where_it_is_interpolated() -> None:
     old = start_config(cfg)
     cfg.sampler.p = 0.3
     assert changes(old, start_config(cfg)) == {"sampler.p": (0.5, 0.3)}
+
+
+def test_an_optimizer_a_strategy_restored_takes_the_new_lr_too() -> None:
+    # a distributed checkpoint's optimizer state is loaded from its shards, before the hook
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=6e-4, weight_decay=0.0)
+    ckpt = {"lr_schedulers": [{"last_epoch": 2, "base_lrs": [1e-3], "_last_lr": [6e-4]}]}
+    optimizer = partial(torch.optim.AdamW, lr=5e-4, weight_decay=0.1)
+    warmup = partial(torch.optim.lr_scheduler.LinearLR, start_factor=0.2, total_iters=4)
+    honour_optimizer_config(ckpt, optimizer, warmup, [opt])
+    (group,) = opt.param_groups
+    assert group["lr"] == pytest.approx(5e-4 * 0.6) and group["initial_lr"] == 5e-4
+    assert group["weight_decay"] == 0.1

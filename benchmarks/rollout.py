@@ -93,7 +93,7 @@ def hf_generate(model: Any, prompts: list[list[int]], new_tokens: int, pad: int)
 def ours(model: Any, junior: Any, prompts: list[list[int]], new_tokens: int, tables: Any) -> int:
     """Our engine, solo (``junior=None``) or tandem; returns the number of response tokens."""
     params = SamplingParams(max_new_tokens=new_tokens, eos_token_ids=(), seed=0)
-    sampler = None if junior is None else WordSampler(tables, p=0.5, seed=0)
+    sampler = None if junior is None else WordSampler(tables, p=0.5)
     r = generate(model, junior, prompts, sampler, params)
     return int(r.lengths.sum())
 

@@ -62,7 +62,7 @@ ours, prompts_for, qwen_shaped, timed = (
 def vllm_rollouts(backend: Any, prompts: list[list[int]], new_tokens: int, tables: Any) -> int:
     """The vLLM backend, solo (``tables`` None) or tandem; returns response tokens."""
     params = SamplingParams(max_new_tokens=new_tokens, eos_token_ids=(), seed=0)
-    sampler = None if tables is None else WordSampler(tables, p=0.5, seed=0)
+    sampler = None if tables is None else WordSampler(tables, p=0.5)
     return int(backend.generate(prompts, sampler, params).lengths.sum())
 
 

@@ -2,9 +2,11 @@
 
 Every problem is collected and reported at once, each naming the key, the value, the rule and
 the fix, so that a bad sweep fails in a second instead of after a model loads. Every key of every
-group is known: groups that build an object are checked against its constructor's signature
-(the module, its loss and backend, the sampler, the reward, the data source, the trainer, the
-loggers); the others against the keys the run reads (``conf/train.yaml`` for the top level).
+group is known, whether it came from a file or was added with ``+``: groups that build an object
+are checked against its constructor's signature (the module, its optimizer, scheduler, loss and
+backend, ``generation`` against ``SamplingParams``, the sampler, the reward, the data source, the
+trainer, the loggers); the others against the keys the run reads (``conf/train.yaml`` for the
+top level).
 
 What this file leaves out: composing the config (Hydra) and building objects from it
 (``tandem.train``).
@@ -23,31 +25,33 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from tandem.data.checks import check_hf_source
+from tandem.engine import SamplingParams
 from tandem.errors import ConfigError
-from tandem.modules.grpo import TandemGRPO
+from tandem.metrics.base import ROLLOUT_INPUTS
 from tandem.modules.loss import ADVANTAGE_MODES, OLD_LOGPROB_SOURCES, LossConfig
 from tandem.modules.models import DTYPES, check_model_path
 from tandem.registry import (
     BACKENDS,
     DATASETS,
+    METRICS,
     REWARDS,
     SAMPLERS,
     Registry,
     RegistryError,
     check_arguments,
 )
+from tandem.samplers.boundaries import tables_from_surfaces
 
 __all__ = ["ConfigError", "check_component", "config_error_message", "validate_train_config"]
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 MONITORS = ("val/tandem/accuracy", "val/solo/accuracy")
 # the keys of the groups that build no object of their own: what tandem.train and the module read
-GENERATION_KEYS = ("temperature", "top_p", "top_k", "max_new_tokens")
 VALIDATION_KEYS = ("every_n_steps", "size", "sampler", "monitor", "temperature")
 MODEL_KEYS = ("name_or_path", "junior_name_or_path", "dtype", "junior_device")
 # keys of the data group that are the run's, not the source's
 DATA_RUN_KEYS = ("max_prompt_tokens",)
-# constructor arguments that tandem.train.build passes itself -> the key that sets them
+# the module's arguments that other groups decide -> the key each must interpolate
 MODULE_FROM_RUN = {
     "model": "model.name_or_path",
     "sampler": "sampler",
@@ -58,7 +62,21 @@ MODULE_FROM_RUN = {
     "seed": "seed",
     "val_sampler": "validation.sampler",
     "val_temperature": "validation.temperature",
+    "metrics": "metrics",
 }
+# SamplingParams arguments that the module sets per rollout -> the key that decides them
+GENERATION_FROM_RUN = {
+    "seed": "seed (with the batch and the pass)",
+    "samples_per_prompt": "group_size",
+    "logprob_temperature": "module.logprob_temperature",
+}
+# arguments the code passes to what a `_target_` builds: the optimizer's and the scheduler's
+TARGET_FROM_RUN = {
+    "params": "the senior's parameters",
+    "optimizer": "the module's optimizer",
+}
+# Hydra's own keys of a `_target_` mapping
+HYDRA_KEYS = ("_target_", "_partial_", "_convert_", "_recursive_", "_args_")
 TRAINER_FROM_RUN = {
     "callbacks": "the run's own callbacks",
     "logger": "logger",
@@ -89,9 +107,8 @@ RANGES: dict[str, Rule] = {
     "generation.top_p": (lambda v: _number(v) and 0 < v <= 1, "in (0, 1] (1: off)"),
     "generation.top_k": (lambda v: _int(v) and v >= 0, "an integer >= 0 (0: off)"),
     "generation.max_new_tokens": (lambda v: _int(v) and v >= 1, "an integer >= 1"),
-    "module.lr": (lambda v: _number(v) and v > 0, "a number > 0"),
-    "module.weight_decay": (lambda v: _number(v) and v >= 0, "a number >= 0"),
-    "module.warmup_steps": (lambda v: _int(v) and v >= 0, "an integer >= 0 (0: no warmup)"),
+    "module.optimizer.lr": (lambda v: _number(v) and v > 0, "a number > 0"),
+    "module.optimizer.weight_decay": (lambda v: _number(v) and v >= 0, "a number >= 0"),
     "module.max_grad_norm": (
         lambda v: v is None or (_number(v) and v > 0),
         "a number > 0, or null for no clipping",
@@ -122,22 +139,23 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
     c = OmegaConf.to_container(cfg, resolve=False)
     problems: list[str] = []
     _check_keys(problems, c)
-    check_component(problems, "sampler", c.get("sampler"), SAMPLERS, skip=("tokenizer",))
+    check_sampler(problems, "sampler", c.get("sampler"))
     check_component(problems, "reward", c.get("reward"), REWARDS)
     val = c.get("validation") or {}
     if val.get("sampler") is not None:
-        check_component(
-            problems, "validation.sampler", val["sampler"], SAMPLERS, skip=("tokenizer",)
-        )
+        check_sampler(problems, "validation.sampler", val["sampler"])
     if val.get("monitor") not in MONITORS:
         problems.append(
             f"validation.monitor ({val.get('monitor')!r}) must be one of {list(MONITORS)}."
         )
+    check_metrics(problems, "metrics", c.get("metrics"))
     _check_batch(problems, c, world_size)
     _check_ranges(problems, c)
+    _check_intervals(problems, c)
     _check_module(problems, c.get("module") or {})
-    for group in ("trainer", "logger"):
-        _check_targets(problems, group, c.get(group))
+    _check_target(problems, "trainer", c.get("trainer"), TRAINER_FROM_RUN)
+    for where, spec in _indexed("logger", c.get("logger")):
+        _check_target(problems, where, spec)
     _check_model(problems, c.get("model") or {})
     _check_data(problems, _resolved(cfg, "data", c.get("data")))
     if problems:
@@ -196,6 +214,40 @@ def check_component(
         )
 
 
+def check_sampler(problems: list[str], key: str, spec: Any) -> None:
+    """``check_component`` for a sampler, then its own checks of its values (a rule or a
+    boundary it does not know), by building it on a one-token stand-in vocabulary."""
+    before = len(problems)
+    check_component(problems, key, spec, SAMPLERS, skip=("tokenizer",))
+    if len(problems) > before:
+        return  # its name or keys are wrong already: building it would only say so again
+    args = {k: v for k, v in spec.items() if k != "name"}
+    try:
+        SAMPLERS.build(spec["name"], tokenizer=tables_from_surfaces([b" "]), **args)
+    except (TypeError, ValueError) as err:
+        problems.append(f"{key}: {err}")
+
+
+def check_metrics(problems: list[str], key: str, spec: Any) -> None:
+    """``spec``: ``{log key: METRICS name}``, each a metric that a batch of rollouts can feed."""
+    if not isinstance(spec, dict):
+        problems.append(f"{key} must be a mapping of log keys to metric names, e.g. {{n: name}}.")
+        return
+    for name, metric in spec.items():
+        try:
+            cls = METRICS.get(metric)
+        except RegistryError as err:
+            problems.append(f"{key}.{name}: {err}")
+            continue
+        params = inspect.signature(cls.update).parameters.values()
+        needs = [p.name for p in params if p.default is p.empty and p.name != "self"]
+        if missing := sorted(set(needs) - set(ROLLOUT_INPUTS)):
+            problems.append(
+                f"{key}.{name} ({metric!r}) reads {missing}, which rollouts do not give: a metric "
+                f"listed here may read {list(ROLLOUT_INPUTS)}. Remove it from {key}."
+            )
+
+
 def unknown_keys(
     problems: list[str],
     where: str,
@@ -229,12 +281,14 @@ def unknown_keys(
 
 def _check_keys(problems: list[str], c: dict) -> None:
     unknown_keys(problems, "", c, _top_level_keys())
-    unknown_keys(problems, "generation", c.get("generation"), GENERATION_KEYS)
+    known = set(_arguments(SamplingParams)) - set(GENERATION_FROM_RUN)
+    listed = "the arguments of tandem.engine.SamplingParams"
+    unknown_keys(
+        problems, "generation", c.get("generation"), known, GENERATION_FROM_RUN, listed=listed
+    )
     unknown_keys(problems, "validation", c.get("validation"), VALIDATION_KEYS)
     unknown_keys(problems, "model", c.get("model"), MODEL_KEYS)
     module = c.get("module") or {}
-    known = set(_arguments(TandemGRPO)) - set(MODULE_FROM_RUN)
-    unknown_keys(problems, "module", module, known, set_by=MODULE_FROM_RUN)
     unknown_keys(problems, "module.loss", module.get("loss"), _arguments(LossConfig))
 
 
@@ -294,7 +348,33 @@ def _check_batch(problems: list[str], c: dict, world_size: int) -> None:
             )
 
 
+def _check_intervals(problems: list[str], c: dict) -> None:
+    """Validation can only fall between batches, each ``num_iterations x mini_batches``
+    optimizer steps: ``every_n_steps`` must be a whole number of batches."""
+    m, every = c.get("module") or {}, (c.get("validation") or {}).get("every_n_steps")
+    per = [m.get("num_iterations", 1), m.get("mini_batches", 1)]
+    if not (_int(every) and all(_int(v) and v >= 1 for v in per)):
+        return  # the ranges are reported by _check_ranges
+    batch = per[0] * per[1]
+    if every % batch:
+        problems.append(
+            f"validation.every_n_steps ({every}) must be a multiple of module.num_iterations x "
+            f"module.mini_batches ({batch}): it counts optimizer steps, and a batch of rollouts "
+            f"makes that many. Set it to {max(1, every // batch) * batch}."
+        )
+
+
 def _check_module(problems: list[str], m: dict) -> None:
+    _check_target(problems, "module", m)
+    for key, source in MODULE_FROM_RUN.items():
+        if m.get(key) != f"${{{source}}}":
+            problems.append(
+                f"module.{key} ({m.get(key, '<absent>')!r}) is set by the run itself from "
+                f"{source}: set that, and leave module.{key}: ${{{source}}}."
+            )
+    _check_target(problems, "module.optimizer", m.get("optimizer"), TARGET_FROM_RUN)
+    if m.get("scheduler") is not None:
+        _check_target(problems, "module.scheduler", m["scheduler"], TARGET_FROM_RUN)
     if m.get("advantage", "std") not in ADVANTAGE_MODES:
         problems.append(
             f"module.advantage ({m.get('advantage')!r}) must be one of {list(ADVANTAGE_MODES)}."
@@ -325,25 +405,28 @@ def _check_module(problems: list[str], m: dict) -> None:
         )
 
 
-def _check_targets(problems: list[str], group: str, spec: Any) -> None:
-    """Keys of ``_target_`` objects (the trainer, each logger) against their signatures."""
-    specs = [(group, spec)] if group == "trainer" else list(_indexed(group, spec))
-    for where, s in specs:
-        if not isinstance(s, dict) or "_target_" not in s:
-            problems.append(f"{where} must be a mapping with a `_target_` naming a class.")
-            continue
-        try:
-            cls = hydra.utils.get_class(s["_target_"])
-        except Exception as err:  # hydra raises several kinds for a path it cannot import
-            problems.append(f"{where}._target_ ({s['_target_']!r}) cannot be imported: {err}")
-            continue
-        params = inspect.signature(cls).parameters.values()
-        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-            continue
-        set_by = TRAINER_FROM_RUN if group == "trainer" else None
-        known = {*_arguments(cls), "_target_"} - set(set_by or {})
-        listed = f"the arguments of {s['_target_']}"
-        unknown_keys(problems, where, s, known, set_by=set_by, listed=listed)
+def _check_target(
+    problems: list[str], where: str, spec: Any, set_by: dict[str, str] | None = None
+) -> None:
+    """The keys of a ``_target_`` mapping (the module, its optimizer and scheduler, the
+    trainer, a logger) against the signature of what it builds; ``set_by``: arguments the run
+    passes itself, each with what it passes."""
+    if not isinstance(spec, dict) or "_target_" not in spec:
+        problems.append(f"{where} must be a mapping with a `_target_` naming a class.")
+        return
+    try:
+        cls = hydra.utils.get_class(spec["_target_"])
+    except Exception as err:  # hydra raises several kinds for a path it cannot import
+        problems.append(f"{where}._target_ ({spec['_target_']!r}) cannot be imported: {err}")
+        return
+    params = inspect.signature(cls).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return
+    known = {*_arguments(cls), *HYDRA_KEYS} - set(set_by or {})
+    listed = f"the arguments of {spec['_target_']}"
+    unknown_keys(problems, where, spec, known, set_by=set_by, listed=listed)
+    if isinstance(spec.get("strategy"), dict):  # a strategy built from config (trainer=fsdp)
+        _check_target(problems, f"{where}.strategy", spec["strategy"])
 
 
 def _indexed(group: str, spec: Any) -> Iterable[tuple[str, Any]]:

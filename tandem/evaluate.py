@@ -35,7 +35,7 @@ from tandem.evaluation.sets import build_sets
 from tandem.modules.export import check_senior
 from tandem.registry import REWARDS
 from tandem.runs import RunRefused
-from tandem.runs.checkpoints import verify
+from tandem.runs.checkpoints import is_distributed_checkpoint, verify
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +58,9 @@ def check_senior_input(senior: str) -> None:
     checkpoint that fails its checksum, before anything loads."""
     path = Path(str(senior)).expanduser()
     problem = None
-    if path.is_dir():
+    if path.is_dir() and not is_distributed_checkpoint(path):
         problem = check_senior(path)
-    elif path.is_file() and Path(f"{path}.sha256").is_file():
+    elif path.exists() and Path(f"{path}.sha256").is_file():
         problem = verify(path)
     if problem:
         raise RunRefused(
@@ -92,6 +92,7 @@ def _run(cfg: DictConfig) -> dict[str, Any]:
         drift=cfg.drift,
         writer=writer,
         progress=cfg.progress,
+        metrics=c["metrics"],
         backend=build_backend(
             c.get("backend", "torch"), pair.senior, pair.junior, pair.tokenizer, seed=cfg.seed
         ),

@@ -9,9 +9,10 @@ and a Hydra group names it (``conf/sampler/word.yaml`` holds ``name: word`` plus
 constructor arguments). Duplicate names are refused at import time and an unknown name is
 answered with the list of known ones, so a typo in a config fails before any model loads.
 
-Discovery is explicit: each registry names the package of its family, whose ``__init__``
-imports its members; the first lookup imports that package (no ``__subclasses__`` scans, no entry
-points). Third-party members join by importing their module before the lookup.
+Discovery is explicit: each registry names the package of its family; the first lookup imports
+that package and every module in it (no ``__subclasses__`` scans, no entry points), so a new
+member is one new file in the family's folder, with no edit to its ``__init__``. Third-party
+members join by importing their module before the lookup.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
+import pkgutil
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
@@ -50,7 +52,11 @@ class Registry(Generic[T]):
     def _load(self) -> None:
         if not self._loaded:
             self._loaded = True
-            importlib.import_module(self.package)
+            package = importlib.import_module(self.package)
+            # every module of a family's folder: a new member needs no import added anywhere
+            for module in pkgutil.iter_modules(getattr(package, "__path__", [])):
+                if not module.name.startswith("_"):
+                    importlib.import_module(f"{self.package}.{module.name}")
 
     def register(self, name: str) -> Callable[[type[T]], type[T]]:
         """Class decorator that adds the class under ``name``.

@@ -56,6 +56,11 @@ def world_size(cfg: DictConfig) -> int:
     return devices * int(cfg.trainer.get("num_nodes", 1) or 1)
 
 
+def steps_per_batch(module: Any) -> int:
+    """Optimizer steps one batch of rollouts makes: ``num_iterations`` x ``mini_batches``."""
+    return int(module.get("num_iterations", 1)) * int(module.get("mini_batches", 1))
+
+
 def build(cfg: DictConfig) -> tuple[L.Trainer, TandemGRPO, PromptDataModule, StopOnSignal]:
     """Everything ``fit`` needs, from a validated config."""
     out = Path(cfg.output_dir)
@@ -73,18 +78,8 @@ def build(cfg: DictConfig) -> tuple[L.Trainer, TandemGRPO, PromptDataModule, Sto
         **c["prompt"],
         max_prompt_tokens=prompt_token_cap(source.pop("max_prompt_tokens", None), context, max_new),
     )
-    module = TandemGRPO(
-        model=cfg.model.name_or_path,
-        sampler=c["sampler"],
-        reward=c["reward"],
-        generation=c["generation"],
-        group_size=cfg.group_size,
-        dtype=cfg.model.dtype,
-        seed=cfg.seed,
-        val_sampler=c["validation"]["sampler"],
-        val_temperature=cfg.validation.temperature,
-        **c["module"],
-    )
+    # plain containers, not DictConfigs: the module saves its arguments in every checkpoint
+    module = hydra.utils.instantiate(cfg.module, _convert_="all")
     junior = cfg.model.junior_name_or_path or cfg.model.name_or_path
     ckpt_dir = out / "checkpoints"
     stop = StopOnSignal()
@@ -114,7 +109,8 @@ def build(cfg: DictConfig) -> tuple[L.Trainer, TandemGRPO, PromptDataModule, Sto
         # every checkpoint is whole or absent, with its checksum beside it
         plugins=[AtomicCheckpointIO()],
         default_root_dir=str(out),
-        val_check_interval=cfg.validation.every_n_steps,
+        # Lightning counts batches; every_n_steps counts optimizer steps, as checkpoints do
+        val_check_interval=cfg.validation.every_n_steps // steps_per_batch(cfg.module),
         check_val_every_n_epoch=None,
     )
     return trainer, module, data, stop

@@ -101,8 +101,10 @@ def test_paper_study_carries_the_authors_recipe() -> None:
     assert (cfg.data.holdout, cfg.data.holdout_seed) == (1000, 0)
     assert (cfg.batch_size // cfg.group_size, cfg.group_size) == (16, 8)
     assert (cfg.module.mini_batches, cfg.module.num_iterations) == (2, 1)
-    assert cfg.module.lr == 1e-6 and cfg.module.warmup_steps == 0
-    assert cfg.module.weight_decay == 0.01 and list(cfg.module.betas) == [0.9, 0.999]
+    opt = cfg.module.optimizer
+    assert opt._target_ == "torch.optim.AdamW" and opt.lr == 1e-6
+    assert opt.weight_decay == 0.01 and list(opt.betas) == [0.9, 0.999]
+    assert cfg.module.scheduler is None, "a constant lr, no warmup"
     assert cfg.generation.temperature == 0.6 and cfg.generation.top_p == 1.0
     assert cfg.generation.max_new_tokens == 3000
     assert cfg.module.logprob_temperature is None, "the loss at the rollout temperature"

@@ -8,7 +8,9 @@ import sys
 import time
 from pathlib import Path
 
+import hydra
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
@@ -57,6 +59,16 @@ def test_p_outside_unit_interval() -> None:
     assert "sampler.p (1.5) must be a probability in [0, 1]" in message
 
 
+def test_sampler_values_are_checked_before_anything_loads() -> None:
+    problems = _problems(
+        "sampler=word_authors",
+        "sampler.boundary=space",
+        "+validation.sampler.max_gap_tokens=0",
+    )
+    assert "sampler: boundary ('space') must be one of ('onset', 'leading_space')" in problems
+    assert "validation.sampler: max_gap_tokens (0) must be at least 1" in problems
+
+
 def test_batch_size_not_a_multiple_of_group_size() -> None:
     message = _problems("batch_size=12", "group_size=8")
     assert "batch_size (12) must be divisible by group_size (8)" in message
@@ -103,12 +115,17 @@ def test_the_readme_sweep_composes_for_every_sampler() -> None:
             validate_train_config(train_config(f"sampler={sampler}", f"sampler.p={p}"))
 
 
-@pytest.mark.parametrize("trainer", ["gpu", "ddp", "fsdp"])
+@pytest.mark.parametrize("trainer", ["gpu", "ddp", "fsdp", "fsdp_gpu"])
 def test_paper_scale_configs_compose(trainer: str, hub_online: None) -> None:
     cfg = train_config("model=qwen3_4b", "data=deepscaler", f"trainer={trainer}", "experiment=trl")
     validate_train_config(cfg, world_size=2 if trainer != "gpu" else 1)
     assert cfg.model.name_or_path == "Qwen/Qwen3-4B-Instruct-2507"
     assert cfg.data.holdout > 0
+
+
+def test_a_typo_in_the_sharding_strategy_is_named() -> None:
+    problems = _problems("trainer=fsdp", "+trainer.strategy.cpu_ofload=true")
+    assert "trainer.strategy" in problems and "cpu_offload" in problems
 
 
 def test_rollout_backend_is_checked_before_anything_loads() -> None:
@@ -129,7 +146,8 @@ def test_rollout_backend_is_checked_before_anything_loads() -> None:
         ("+generation.temprature=1", "generation.temprature", "generation.temperature"),
         ("+validation.evry_n_steps=2", "validation.evry_n_steps", "validation.every_n_steps"),
         ("+model.dtyp=float32", "model.dtyp", "model.dtype"),
-        ("+module.lrr=1", "module.lrr", "module.lr"),
+        ("+module.optimizer.lrr=1", "module.optimizer.lrr", "module.optimizer.lr"),
+        ("+module.schedular=null", "module.schedular", "module.scheduler"),
         ("+module.loss.clip_hgh=0.3", "module.loss.clip_hgh", "module.loss.clip_high"),
         ("+data.max_prompt_token=9", "data.max_prompt_token", "data.max_prompt_tokens"),
         ("+data.sed=1", "data.sed", "data.seed"),
@@ -158,8 +176,9 @@ def test_a_plain_override_of_a_missing_key_gets_a_did_you_mean() -> None:
 @pytest.mark.parametrize(
     ("override", "instead"),
     [
-        ("+module.seed=3", "from seed"),
-        ("+module.group_size=4", "from group_size"),
+        ("module.seed=3", "from seed"),
+        ("module.group_size=4", "from group_size"),
+        ("+generation.samples_per_prompt=4", "from group_size"),
         ("+trainer.gradient_clip_val=1.0", "from module.max_grad_norm"),
         ("+trainer.val_check_interval=5", "from validation.every_n_steps"),
     ],
@@ -182,12 +201,15 @@ def test_a_group_of_one_is_refused_with_the_reason() -> None:
     ("override", "rule"),
     [
         ("module.max_grad_norm=-1", "module.max_grad_norm (-1) must be a number > 0, or null"),
-        ("module.warmup_steps=-2", "module.warmup_steps (-2) must be an integer >= 0"),
-        ("module.lr=0", "module.lr (0) must be a number > 0"),
-        ("module.weight_decay=-0.1", "module.weight_decay (-0.1) must be a number >= 0"),
+        ("module.optimizer.lr=0", "module.optimizer.lr (0) must be a number > 0"),
+        (
+            "module.optimizer.weight_decay=-0.1",
+            "module.optimizer.weight_decay (-0.1) must be a number >= 0",
+        ),
         ("checkpoint_every_n_steps=0", "checkpoint_every_n_steps (0) must be an integer >= 1"),
         ("validation.size=0", "validation.size (0) must be an integer >= 1, or null"),
         ("validation.every_n_steps=0", "validation.every_n_steps (0) must be an integer >= 1"),
+        ("module.mini_batches=3", "validation.every_n_steps (20) must be a multiple of"),
         ("validation.temperature=-1", "validation.temperature (-1) must be a number >= 0"),
         ("generation.temperature=0", "generation.temperature (0) must be a number > 0"),
         ("generation.top_p=1.5", "generation.top_p (1.5) must be in (0, 1]"),
@@ -338,7 +360,7 @@ def test_the_command_line_reports_every_problem_at_once_fast_and_exits_2(tmp_pat
     start = time.monotonic()
     proc = _cli(
         f"model.name_or_path={NO_SUCH_MODEL}",
-        "+module.lrr=1",
+        "+module.optimizer.lrr=1",
         "group_size=1",
         "batch_size=4",
         "data=deepscaler",
@@ -351,7 +373,7 @@ def test_the_command_line_reports_every_problem_at_once_fast_and_exits_2(tmp_pat
     elapsed = time.monotonic() - start
     lines = _one_message(proc)
     assert lines[0] == "config error: 4 problem(s) in the config:"
-    assert any("module.lrr" in line and "module.lr?" in line for line in lines)
+    assert any("optimizer.lrr" in line and "module.optimizer.lr?" in line for line in lines)
     assert any("group_size (1)" in line for line in lines)
     assert any(f"{bad}'): line 1 is not UTF-8" in line for line in lines)
     assert any("model.name_or_path" in line and "cannot be reached" in line for line in lines)
@@ -363,3 +385,28 @@ def test_the_command_line_names_a_plain_typo() -> None:
     (line,) = _one_message(_cli("trainer.max_stesp=3"))
     assert "trainer.max_stesp is not a key of trainer" in line
     assert "Did you mean trainer.max_steps?" in line
+
+
+def test_the_module_group_builds_the_module_and_its_optimizer() -> None:
+    # another optimizer is checked against its own arguments: SGD has no betas
+    problems = _problems("module.optimizer._target_=torch.optim.SGD")
+    assert problems.startswith("1 problem(s)") and "module.optimizer.betas" in problems
+    cfg = train_config(
+        "module.optimizer._target_=torch.optim.SGD",
+        "~module.optimizer.betas",
+        "module.optimizer.lr=0.125",
+        "seed=7",
+    )
+    validate_train_config(cfg)
+    module = hydra.utils.instantiate(cfg.module, _convert_="all")
+    assert module.hparams.seed == 7 and module.hparams.generation == dict(cfg.generation)
+    module.configure_model()
+    conf = module.configure_optimizers()
+    opt, sched = conf["optimizer"], conf["lr_scheduler"]
+    assert isinstance(opt, torch.optim.SGD)
+    assert isinstance(sched, torch.optim.lr_scheduler.LinearLR)
+    # the warmup's first step: lr x start_factor
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.125 * 0.2)
+    module = hydra.utils.instantiate(train_config("module.scheduler=null").module)
+    module.configure_model()
+    assert isinstance(module.configure_optimizers(), torch.optim.AdamW), "no scheduler"

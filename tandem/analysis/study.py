@@ -52,6 +52,8 @@ ARMS = ("grpo", "trl", "kl_reg")
 VALIDATION_KEYS = ("val/solo/accuracy", "val/tandem/accuracy")
 CONF = Path(__file__).resolve().parents[2] / "conf"
 CHECKPOINTS = ("selected", "last")
+# where each run's evaluation goes, by which senior it evaluates: two choices never share one
+EVAL_FOLDERS = {"selected": "eval", "last": "eval_last"}
 # what the paper reports (Tandem RL vs GRPO); None where it states a direction, not a figure
 PAPER = {
     "drift/kl": {"trl": 0.022, "grpo": 0.026},
@@ -133,18 +135,22 @@ class Run:
 
     def selected(self) -> Path | None:
         """The checkpoint validation picked (``best-*.ckpt``), if there is one."""
-        found = sorted((self.path / "checkpoints").glob("best-*.ckpt"))
-        return found[-1] if found else None
+        found = list((self.path / "checkpoints").glob("best-*.ckpt"))
+        if len(found) > 1:  # validation keeps one best checkpoint: more is a leftover
+            log.warning("%s has %d best checkpoints: taking the latest", self.path, len(found))
+        return max(found, key=lambda p: int(p.name[len("best-") : -len(".ckpt")]), default=None)
 
-    def evaluated(self, checkpoint: str) -> tuple[str, Path]:
-        """What the study evaluates (``checkpoint``: ``selected`` or ``last``) and the model
-        folder it becomes (an evaluated checkpoint is exported under ``eval/senior``)."""
+    def evaluated(self, checkpoint: str) -> tuple[str, Path, Path]:
+        """What the study evaluates (``checkpoint``: ``selected`` or ``last``), the model folder
+        it becomes (an evaluated checkpoint is exported under its evaluation's ``senior``) and
+        the evaluation's folder."""
+        out = self.path / EVAL_FOLDERS[checkpoint]
         chosen = self.selected() if checkpoint == "selected" else None
         if chosen is None:
             if checkpoint == "selected":
                 log.warning("%s has no selected checkpoint: evaluating its last step", self.path)
-            return str(self.senior), self.senior
-        return str(chosen), self.path / "eval" / "senior"
+            return str(self.senior), self.senior, out
+        return str(chosen), out / "senior", out
 
 
 def find_runs(root: str | Path) -> tuple[list[Run], list[Path]]:
@@ -256,24 +262,26 @@ def collect(
     base_results = evaluate(base, root / "eval_base", overrides)
     values: dict[str, dict[str, list[float]]] = {}
     seniors: dict[Path, Path] = {}
+    folders: dict[Path, Path] = {}
     for run in runs:
-        source, seniors[run.path] = run.evaluated(study.checkpoint)
-        results = evaluate(source, run.path / "eval", overrides)
+        source, seniors[run.path], folders[run.path] = run.evaluated(study.checkpoint)
+        results = evaluate(source, folders[run.path], overrides)
         arm = values.setdefault(run.arm, {})
         for key, value in flatten(results, study).items():
             arm.setdefault(key, []).append(value)
     grpo_by_seed = {r.seed: r for r in runs if r.arm == "grpo"}
-    cache = "eval/displacement.json"
+    cache = "displacement.json"
     for seed, grpo in sorted(grpo_by_seed.items()):
         others = [r for r in runs if r.seed == seed and r.arm != "grpo"]
-        pending = {r.path: seniors[r.path] for r in others if not _cached(r.path / cache)}
+        pending = {r.path: seniors[r.path] for r in others if not _cached(folders[r.path] / cache)}
         if pending:
-            texts = [grpo.path / "eval" / "generations" / f"{s}.jsonl" for s in study.sets]
+            generations = folders[grpo.path] / "generations"
+            texts = [generations / f"{s}.jsonl" for s in study.sets]
             found_all = displacement_for_seed(base, seniors[grpo.path], pending, texts)
             for folder, found in found_all.items():
-                (folder / cache).write_text(json.dumps(found, indent=2) + "\n")
+                (folders[folder] / cache).write_text(json.dumps(found, indent=2) + "\n")
         for run in others:
-            for key, value in json.loads((run.path / cache).read_text()).items():
+            for key, value in json.loads((folders[run.path] / cache).read_text()).items():
                 values.setdefault(run.arm, {}).setdefault(key, []).append(value)
     return values, flatten(base_results, study), runs
 

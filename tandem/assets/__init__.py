@@ -13,3 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 TINY_WORLD = Path(__file__).resolve().parent / "tiny"
+
+
+def resolve(name_or_path: str | Path) -> str:
+    """The folder or hub name behind ``name_or_path`` (``tiny`` is the embedded world)."""
+    return str(TINY_WORLD) if str(name_or_path) == "tiny" else str(name_or_path)

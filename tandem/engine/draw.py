@@ -47,6 +47,11 @@ class Scores:
     blocks: Tensor | None  # [n, B] block sums of weights
 
 
+def coin_generator(seed: int) -> torch.Generator:
+    """The handoff coins' generator for a rollout seed: a stream apart from the token draws'."""
+    return torch.Generator().manual_seed((seed + 0x9E3779B97F4A7C15) % 2**64)
+
+
 def block_shape(vocab: int) -> tuple[int, int]:
     """``(B, S)``: B blocks of S ids covering ``vocab`` ids, S about sqrt(vocab)."""
     size = max(16, math.isqrt(vocab - 1) + 1)

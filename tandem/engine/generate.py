@@ -7,16 +7,23 @@ senior and under the junior is recorded on the way, for GRPO and for the drift a
 metrics, with no extra forward pass. Solo generation is the same loop with the ``solo`` sampler;
 ``junior=None`` then skips the junior altogether.
 
+Devices: the junior may sit on a device of its own. Between the two models' forward passes of a
+step nothing waits for a device: tokens and log-probs cross devices with ``reader.move``, and the
+host reads device values (``bool``, ``.item()``) only once both forwards are queued, so that a
+junior on its own GPU computes while the senior does.
+
 With ``params.logprob_temperature`` set, each model's log-prob of the token with its logits divided
 by that temperature is recorded too (``old_logprobs``, ``ref_logprobs``): the policy loss's view.
 
-Randomness: token draws use two uniforms per row per step (one for the proposal, one for a
-word-onset redraw) from a CPU generator seeded with ``params.seed``, drawn for all N rows at every
-step, so a row's tokens depend on its logits, the seed and the step only. With the sampler's
-own seeded coins, the same seeds give the same rollouts, and a tandem whose coin always picks
-the senior (``p=1``) reproduces solo generation token for token. Rows that finish are fed the
-pad token with mask 0, and the batch is compacted (rows dropped from both caches) once an
-eighth of it has finished.
+Randomness: two CPU generators seeded from ``params.seed``, drawn for all N rows at every step:
+one gives the token draws two uniforms per row (the proposal, and a redraw where the sampler
+retracts a proposal), the other the handoff sampler its coins (one at the start, two per step,
+one for each ``step`` call). A row's tokens therefore depend on its logits, the seed and the step
+only; the same seed gives the same rollouts, and a tandem whose coin always picks the senior
+(``p=1``) reproduces solo generation token for token. The engine keeps the sampler's state (a
+schedule is a value: ``tandem.samplers.base``). Rows that finish are fed the pad token with
+mask 0, and the batch is compacted (rows dropped from both caches and from the sampler's state)
+once an eighth of it has finished.
 
 What this file leaves out: how tokens are drawn (``draw``), how a cache is read (``reader``),
 who authors (``tandem.samplers``), and scaled-out serving (a vLLM backend, elsewhere).
@@ -34,6 +41,7 @@ from torch import Tensor
 from tandem.engine.base import JUNIOR, PAD, SENIOR, Rollouts, SamplingParams, StopReason
 from tandem.engine.draw import (
     Scores,
+    coin_generator,
     draw,
     fast,
     logprobs,
@@ -41,8 +49,8 @@ from tandem.engine.draw import (
     score,
     tempered_logprobs,
 )
-from tandem.engine.reader import Reader
-from tandem.samplers.base import Sampler
+from tandem.engine.reader import Reader, move
+from tandem.samplers.base import Handoff, Sampler
 from tandem.samplers.solo import SoloSampler
 
 # Compact the batch once this fraction of its rows has finished.
@@ -115,6 +123,7 @@ class _Loop:
         self.sampler, self.params, self.pad = sampler, params, pad
         self.eos = torch.tensor(eos, dtype=torch.long, device=self.home)
         self.generator = torch.Generator().manual_seed(params.seed)
+        self.coins = coin_generator(params.seed)
 
     def run(self, ids: Tensor, mask: Tensor) -> dict[str, Any]:
         p, g = self.params, self.params.samples_per_prompt
@@ -126,7 +135,9 @@ class _Loop:
         )
         n, vocab, home = logits[0].shape[0], widths[0], self.home
         self.buffers = [new_buffer(n, vocab, r.device) if fast(p) else None for r in self.readers]
-        self.sampler.start(ids[:, -1].repeat_interleave(g).to(home), vocab)
+        self.sampler.bind(vocab, home)
+        context = ids[:, -1].repeat_interleave(g).to(home)  # [n]
+        self.handoff = self.sampler.start(context, torch.rand(n, generator=self.coins).to(home))
         out = self._buffers(n, p.max_new_tokens)
         batch = _Batch(torch.arange(n, device=home), torch.ones(n, dtype=torch.bool, device=home))
         token = torch.full((n,), self.pad, device=home)  # [n] the last emitted token
@@ -139,7 +150,7 @@ class _Loop:
             token, author, lps = self._step(logits, batch)
             for name, value in [("tokens", token), ("authors", author), *lps]:
                 batch.write(out[name], t, value)
-            done = self.sampler.done  # the schedule's own end (a cap on turns)
+            done = self.handoff.done  # the schedule's own end (a cap on turns)
             if not self.eos.numel() and budget is None and done is None:
                 continue  # nothing stops a row before max_new_tokens
             eos = torch.isin(token, self.eos)
@@ -147,7 +158,7 @@ class _Loop:
             if budget is not None:
                 stopped |= batch.take(budget) <= t + 1
             if done is not None:
-                stopped |= batch.take(done)
+                stopped |= done
             if batch.dead:
                 stopped &= batch.live
             if bool(stopped.any()):
@@ -160,39 +171,42 @@ class _Loop:
                     for r in self.readers:
                         r.select(keep)
                     token = batch.keep(keep, token)
+                    state = self.handoff.state
+                    self.handoff = Handoff({k: v[keep] for k, v in state.items()})
         return self._finish(out, ids, mask, g)
 
     def _step(self, logits: list[Tensor], batch: _Batch) -> tuple[Tensor, Tensor, list]:
         """One token per batch row: its ``token [n]``, ``author [n]`` and log-probs."""
         scores = [score(x, self.params, b) for x, b in zip(logits, self.buffers, strict=True)]
-        everyone = self.sampler.prev.shape[0]
-        uniforms = batch.take(torch.rand(everyone, 2, generator=self.generator).to(self.home))
+        # drawn for every rollout row, dropped or not, so that a row's stream is its own
+        uniforms = batch.take(torch.rand(batch.everyone, 2, generator=self.generator).to(self.home))
+        coins = batch.take(torch.rand(batch.everyone, 2, generator=self.coins).to(self.home))
         # Finished rows still in the batch draw from the senior; their tokens are discarded.
-        author = batch.where_live(batch.take(self.sampler.propose()), SENIOR)  # [n]
+        author = batch.where_live(self.handoff.author, SENIOR)  # [n]
         token = self._draw(scores, author, None, uniforms[:, 0])
-        handoff = self.sampler.decide(batch.spread(token, self.pad))
-        author = batch.take(handoff.authors)
-        if handoff.allowed is not None:
-            again = batch.take(handoff.resample).nonzero().squeeze(1)  # [R] batch rows
-            assert again.shape[0] == handoff.allowed.shape[0], (
-                "the sampler resampled a row that is not live in the batch"
-            )
+        handoff = self.sampler.step(self.handoff.state, token, coins[:, 0])
+        retract = handoff.retract
+        if retract is not None and bool(retract.any()):
+            # the proposal began a word another author won: that author writes this position
+            again = retract.nonzero().squeeze(1)  # [R] batch rows
+            allowed = self.sampler.allowed({k: v[again] for k, v in handoff.state.items()})
+            author = torch.where(retract, handoff.author, author)
             token = token.clone()
-            token[again] = self._draw(
-                scores, author[again], again, uniforms[again, 1], handoff.allowed
-            )
+            token[again] = self._draw(scores, author[again], again, uniforms[again, 1], allowed)
+            redrawn = self.sampler.step(handoff.state, token, coins[:, 1])
+            handoff = _merge(retract, redrawn, handoff)
+        self.handoff = handoff
         token, author = batch.where_live(token, self.pad), batch.where_live(author, PAD)
-        self.sampler.observe(batch.spread(token, self.pad), batch.spread(author, PAD))
         lps = []
         for names, s, r in zip(self.logprob_names, scores, self.readers, strict=True):
-            tok = token.to(r.device)
+            tok = move(token, r.device)
             raw = logprobs(s, tok)
             values = [raw]
             if len(names) > 1:  # the policy loss's log-probs, at its temperature
                 t = self.params.logprob_temperature
                 values.append(raw if t == 1.0 else tempered_logprobs(s, tok, t))
             lps += [
-                (name, batch.where_live(v.to(self.home), 0.0))
+                (name, batch.where_live(move(v, self.home), 0.0))
                 for name, v in zip(names, values, strict=True)
             ]
         return token, author, lps
@@ -273,14 +287,6 @@ class _Batch:
         """The batch rows of a tensor over all N rollout rows."""
         return full if self.whole else full[self.rows]
 
-    def spread(self, values: Tensor, fill: int) -> Tensor:
-        """Batch ``values [n]`` placed into all N rollout rows (``fill`` elsewhere)."""
-        if self.whole and not self.dead:
-            return values
-        full = values.new_full((self.everyone,), fill)
-        full[self.rows] = self.where_live(values, fill)
-        return full
-
     def where_live(self, values: Tensor, fill: float) -> Tensor:
         """``values`` with ``fill`` at finished rows."""
         return torch.where(self.live, values, fill) if self.dead else values
@@ -302,6 +308,13 @@ class _Batch:
         self.size, self.dead, self.whole = keep.shape[0], 0, False
         self.all = torch.arange(self.size, device=keep.device)
         return token[keep]
+
+
+def _merge(rows: Tensor, chosen: Handoff, other: Handoff) -> Handoff:
+    """``chosen``'s state and flags at ``rows [n]`` (bool), ``other``'s elsewhere."""
+    state = {k: torch.where(rows, v, other.state[k]) for k, v in chosen.state.items()}
+    done = chosen.done if other.done is None else torch.where(rows, chosen.done, other.done)
+    return Handoff(state, done=done)
 
 
 def _left_pad(

@@ -45,6 +45,13 @@ _PREFILL_TOKENS_ELSEWHERE = 32768
 _MASK_KINDS = ("sdpa", "eager")
 
 
+def move(t: Tensor, device: torch.device) -> Tensor:
+    """``t`` on ``device`` without the host waiting for the copy where that is safe (to an
+    accelerator; a copy into host memory must finish before the host reads it). So the second
+    model's forward is queued while the first one's still runs on its own device."""
+    return t.to(device, non_blocking=device.type != "cpu")
+
+
 def model_device(model: Any) -> torch.device:
     """Where a model takes its input ids (its embedding's device)."""
     return model.get_input_embeddings().weight.device
@@ -162,7 +169,7 @@ class Reader:
         Returns:
             ``[n, V]`` float32 logits for the next token.
         """
-        live = live.to(self.device)
+        live = move(live, self.device)
         if self._mask_kind == "sdpa":
             self.mask[:, 0, 0, self.width] = live
         elif self._mask_kind == "eager":
@@ -171,7 +178,7 @@ class Reader:
             self.mask[:, self.width] = live
         self.width += 1
         out = self.model(
-            input_ids=tokens.to(self.device)[:, None],
+            input_ids=move(tokens, self.device)[:, None],
             attention_mask=self.mask[..., : self.width],
             position_ids=self.position[:, None],
             use_cache=True,

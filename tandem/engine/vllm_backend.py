@@ -5,14 +5,16 @@ cache), the raw log-prob of each sampled token from vLLM (``logprobs_mode="raw_l
 model's own log-softmax at temperature 1, before temperature, top-k/top-p and logits
 processors; the torch engine records the same quantity).
 
-Tandem: a senior engine and a junior engine over the same context, in turns
-(``tandem.engine.turns``): each turn is one request to its author's engine that stops where the
-author loses a coin (a logits processor replays the sampler and forces a stop token; the backend
-replays the same turn and cuts the output there), and the next turn is a request to the other
-engine with the shared context as its prompt, which prefix caching makes cheap to re-read.
-The first token of a turn that opened on a lost word onset is restricted to word onsets by the
-same processor, as the torch engine's redraw is. Each token's log-prob under the model that did
-not write it comes from one teacher-forced pass (``prompt_logprobs``) per engine at the end.
+Tandem: a senior engine and a junior engine over the same context, in turns. A turn is one
+request to its author's engine; a logits processor steps the handoff sampler over the author's
+tokens as they come (the sampler's own ``step``, on one row, with the row's coins: the schedule
+is defined once, in ``tandem.samplers``) and forces a stop token once the sampler hands the pen
+over; the backend replays the same steps over the output, with the same coins, and cuts it
+there. The next turn is a request to the other engine with the shared context as its prompt,
+which prefix caching makes cheap to re-read. Where the sampler retracts a token (the word
+sampler's ``onset`` rule), the next turn's first token is drawn from ``sampler.allowed``, as
+the torch engine's redraw is. Each token's log-prob under the model that did not write it comes
+from one teacher-forced pass (``prompt_logprobs``) per engine at the end.
 
 Weights: ``load_weights`` puts the senior's new weights into the running engine in-process
 (``LLM.collective_rpc("reload_weights", weights_iterator=...)``, then ``reset_prefix_cache`` so
@@ -20,12 +22,15 @@ that no KV computed under the old weights is reused) and records the step they c
 ``weights_step``, which ``generate`` logs with every batch. This needs the engine in this
 process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (set here unless the environment says otherwise).
 
-What this file leaves out: tensor/pipeline parallel engines and FSDP-sharded seniors (the
-weights must arrive whole); samplers other than solo, word, token, step and sentence.
+An FSDP-sharded senior's parameters are ``DTensor`` shards: ``load_weights`` gathers each whole
+(``full_tensor``) as vLLM reads it, one tensor at a time, so no rank holds a second full copy.
+
+What this file leaves out: tensor/pipeline parallel engines.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Sequence
@@ -36,16 +41,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from tandem.assets import resolve
 from tandem.engine.backend import Weights
 from tandem.engine.base import JUNIOR, PAD, SENIOR, Rollouts, SamplingParams, StopReason
-from tandem.engine.turns import Schedule, Turn, TurnTables
+from tandem.engine.draw import coin_generator
 from tandem.registry import BACKENDS
-from tandem.samplers.base import Sampler
+from tandem.samplers.base import Sampler, State
 
 log = logging.getLogger(__name__)
 
-# Tables the logits processor reads, by key (the processor lives in this process).
-_TABLES: dict[int, TurnTables] = {}
+# The turns in flight, by request key: the logits processor lives in this process and reads them.
+_TURNS: dict[str, _Turn] = {}
 _KEY = "tandem_turn"
 
 
@@ -54,8 +60,8 @@ def _turn_processor() -> type:
     from vllm.v1.sample.logits_processor import LogitsProcessor, MoveDirectionality
 
     class TurnProcessor(LogitsProcessor):
-        """Replays each turn request's ``Turn``; restricts its first token to word onsets when
-        the turn says so, and forces the stop token once the author has lost its coin."""
+        """Steps each turn request's sampler over its tokens; restricts its first token where
+        the turn opened on a retraction, and forces the stop token once the turn is over."""
 
         def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
             self.rows: dict[int, _Replay] = {}
@@ -69,11 +75,11 @@ def _turn_processor() -> type:
             for i in batch_update.removed:
                 self.rows.pop(i, None)
             for i, params, _, output in batch_update.added:
-                spec = (params.extra_args or {}).get(_KEY)
+                key = (params.extra_args or {}).get(_KEY)
                 self.rows.pop(i, None)
-                if spec is not None:
-                    self.rows[i] = _Replay(Turn(**spec["turn"]), spec["tables"], spec["stop"])
-                    self.rows[i].output = output
+                if key is not None:
+                    # a copy: the backend replays the turn from its start once the request ends
+                    self.rows[i] = _Replay(dataclasses.replace(_TURNS[key]), output)
             for a, b, how in batch_update.moved:
                 ra, rb = self.rows.pop(a, None), self.rows.pop(b, None)
                 if ra is not None:
@@ -83,7 +89,7 @@ def _turn_processor() -> type:
 
         def apply(self, logits: Tensor) -> Tensor:
             for i, row in self.rows.items():
-                mask = row.advance()
+                mask = row.advance(logits.shape[-1])
                 if mask is not None:
                     logits[i].masked_fill_(~mask.to(logits.device), float("-inf"))
             return logits
@@ -92,33 +98,67 @@ def _turn_processor() -> type:
 
 
 @dataclass
-class _Replay:
-    """A turn request inside the engine: feeds the author's tokens to its ``Turn`` as they come."""
+class _Turn:
+    """One row's schedule from the start of a turn, advanced one token at a time.
 
-    turn: Turn
-    key: int
-    stop: int
-    output: list[int] = field(default_factory=list)
+    Attributes:
+        sampler: the handoff sampler (its tables bound to the engine's vocabulary).
+        state: the sampler's state for this row, every value ``[1]``.
+        coins: ``[T, 2]`` the row's coins by response position (one per ``step`` call).
+        position: the response position of the next token.
+        retracted: the next token redraws a retracted position, from ``sampler.allowed``.
+        stop: the id the processor forces once the turn is over.
+        done: the sampler has ended the row (a cap on turns).
+    """
+
+    sampler: Sampler
+    state: State
+    coins: Tensor
+    position: int
+    retracted: bool = False
+    stop: int = 0
+    done: bool = False
+
+    def feed(self, token: int) -> tuple[bool, bool]:
+        """Step the sampler over the author's ``token``: whether it is kept, and whether the
+        author writes the next token too."""
+        author = int(self.state["author"])
+        coin = self.coins[self.position, int(self.retracted)].view(1)
+        handoff = self.sampler.step(self.state, torch.tensor([token]), coin)
+        self.state = handoff.state
+        self.retracted = handoff.retract is not None and bool(handoff.retract[0])
+        if self.retracted:
+            return False, False
+        self.position += 1
+        self.done = handoff.done is not None and bool(handoff.done[0])
+        return True, not self.done and int(self.state["author"]) == author
+
+    def allowed(self) -> Tensor | None:
+        """``[V]`` the tokens the turn's first token may be, or None for all."""
+        return self.sampler.allowed(self.state)[0] if self.retracted else None
+
+
+@dataclass
+class _Replay:
+    """A turn request inside the engine: feeds the author's tokens to its ``_Turn`` as they come."""
+
+    turn: _Turn
+    output: list[int]
     fed: int = 0
     ended: bool = False
-    decided: int = -1  # the position whose ``before()`` has run (prefill steps repeat a position)
 
-    def advance(self) -> Tensor | None:
-        """The tokens allowed next (``None``: all), after reading the tokens written so far."""
-        tables = _TABLES[self.key]
+    def advance(self, vocab: int) -> Tensor | None:
+        """``[vocab]`` the tokens allowed next (``None``: all), after reading the tokens written
+        so far."""
+        first = self.turn.allowed() if not self.output else None
         while not self.ended and self.fed < len(self.output):
-            self.ended = not self.turn.feed(self.output[self.fed], tables)
+            self.ended = not self.turn.feed(self.output[self.fed])[1]
             self.fed += 1
-        if not self.ended and self.decided < self.fed:
-            self.decided = self.fed
-            self.ended = self.turn.before()
         if self.ended:
-            only = torch.zeros(len(tables.onset), dtype=torch.bool)
-            only[self.stop] = True
+            only = torch.zeros(vocab, dtype=torch.bool)
+            only[self.turn.stop] = True
             return only
-        if self.turn.restrict and self.fed == 0:
-            return tables.allowed_after(self.turn.prev, self.turn.boundary)
-        return None
+        return first
 
 
 @dataclass
@@ -127,14 +167,16 @@ class _Row:
 
     context: list[int]  # prompt + response so far
     prompt_length: int
-    author: int = SENIOR
-    turn: Turn | None = None
+    turn: _Turn | None = None
     tokens: list[int] = field(default_factory=list)
     authors: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)  # the author's
     requests: int = 0
-    rounds: int = 0  # turns ended so far
     stop: int | None = None
+
+    @property
+    def author(self) -> int:
+        return SENIOR if self.turn is None else int(self.turn.state["author"])
 
 
 @BACKENDS.register("vllm")
@@ -167,8 +209,6 @@ class VLLMBackend:
         sync_every: int = 1,
         engine_args: dict[str, Any] | None = None,
     ) -> None:
-        from tandem.modules.models import load_tokenizer, resolve
-
         if sync_every < 1:
             raise ValueError(f"sync_every ({sync_every}) must be >= 1 optimizer step.")
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -180,7 +220,7 @@ class VLLMBackend:
                 "Unset it or set it to 0."
             )
         self.paths = (resolve(senior), None if junior is None else resolve(junior))
-        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(self.paths[0])
+        self.tokenizer = tokenizer if tokenizer is not None else _tokenizer(self.paths[0])
         self.sync_every, self.weights_step = sync_every, -1
         self.args = dict(
             dtype=dtype,
@@ -220,7 +260,7 @@ class VLLMBackend:
         if self.junior is self.senior:  # the junior stays at the starting weights
             self.junior = self._engine(self.paths[1])
         items = weights.items() if hasattr(weights, "items") else weights
-        stream = ((name, t.detach()) for name, t in items)
+        stream = ((name, full_tensor(t.detach())) for name, t in items)
         self.senior.collective_rpc(
             "reload_weights", kwargs={"weights_iterator": stream, "is_checkpoint_format": True}
         )
@@ -228,7 +268,10 @@ class VLLMBackend:
         self.weights_step = step
 
     def sync(self, senior: Any, step: int) -> None:
-        """Load ``senior``'s weights when ``sync_every`` steps have passed (or never loaded)."""
+        """Load ``senior``'s weights when ``sync_every`` steps have passed (or never loaded).
+
+        A sharded senior's parameters are gathered one tensor at a time as vLLM reads them (so
+        every rank must sync at the same step, as the trainer does)."""
         if self.weights_step < 0 or step - self.weights_step >= self.sync_every:
             self.load_weights(senior.state_dict(), step)
 
@@ -274,7 +317,9 @@ class VLLMBackend:
         senior_lps = self._forced(self.senior, rows, SENIOR) if not solo else None
         return self._rollouts(rows, len(rows) // g, g, eos, senior_lps, junior_lps)
 
-    def _request(self, row: _Row, index: int, params: SamplingParams, eos, extra=None) -> Any:
+    def _request(
+        self, row: _Row, index: int, params: SamplingParams, eos, key=None, stop=None
+    ) -> Any:
         from vllm import SamplingParams as VSamplingParams
 
         row.requests += 1
@@ -286,10 +331,10 @@ class VLLMBackend:
             top_k=params.top_k,
             seed=_mix(params.seed, index, row.requests),
             logprobs=0,
-            stop_token_ids=list(eos) + ([extra["stop"]] if extra else []),
+            stop_token_ids=list(eos) + ([stop] if key is not None else []),
             ignore_eos=True,  # the stop ids above are the only EOS, as in the torch engine
             detokenize=False,
-            extra_args=None if extra is None else {_KEY: extra},
+            extra_args=None if key is None else {_KEY: key},
         )
 
     def _run(self, engine: Any, rows: list[_Row], sampling: list[Any]) -> list[Any]:
@@ -304,14 +349,19 @@ class VLLMBackend:
                     break
 
     def _tandem(self, rows: list[_Row], sampler: Sampler, params: SamplingParams, eos) -> None:
-        schedule = Schedule(sampler)
-        key = id(sampler)
-        tables = sampler.tables.padded(max(self.vocab, sampler.tables.size))
-        _TABLES[key] = TurnTables(tables)
+        tables = sampler.tables
+        sampler.bind(self.vocab if tables is None else max(self.vocab, tables.size), "cpu")
         stop = eos[0] if eos else int(self.tokenizer.pad_token_id or 0)
-        for row in rows:
-            row.author = schedule.first_author()
-            row.turn = schedule.turn(row.author, row.context[-1])
+        # the coins, drawn ahead: one at the start, then two per response position
+        gen = coin_generator(params.seed)
+        n, most = len(rows), max(params.budget(r.prompt_length) for r in rows)
+        context = torch.tensor([r.context[-1] for r in rows])  # [N]
+        first = sampler.start(context, torch.rand(n, generator=gen))
+        coins = torch.rand(n, most, 2, generator=gen)  # [N, T, 2]
+        for i, row in enumerate(rows):
+            state = {k: v[i : i + 1] for k, v in first.state.items()}
+            row.turn = _Turn(sampler, state, coins[i], 0, stop=stop)
+        keys = [f"{id(rows)}:{i}" for i in range(n)]
         try:
             live = list(enumerate(rows))
             while live:
@@ -319,36 +369,28 @@ class VLLMBackend:
                     mine = [(i, r) for i, r in live if r.author == code and r.stop is None]
                     if not mine:
                         continue
-                    extra = [{"turn": r.turn.state(), "tables": key, "stop": stop} for _, r in mine]
-                    sampling = [
-                        self._request(r, i, params, eos, x)
-                        for (i, r), x in zip(mine, extra, strict=True)
-                    ]
+                    for i, r in mine:
+                        _TURNS[keys[i]] = r.turn
+                    sampling = [self._request(r, i, params, eos, keys[i], stop) for i, r in mine]
                     outs = self._run(engine, [r for _, r in mine], sampling)
                     for (_, row), out in zip(mine, outs, strict=True):
-                        self._turn(row, out, schedule, params, eos)
+                        self._turn(row, out, params, eos)
                 live = [(i, r) for i, r in live if r.stop is None]
         finally:
-            _TABLES.pop(key, None)
+            for key in keys:
+                _TURNS.pop(key, None)
 
-    def _turn(self, row: _Row, out: Any, schedule: Schedule, params, eos) -> None:
-        """Replay the turn over the author's output: keep its tokens up to the lost coin."""
-        tables, turn = _TABLES[id(schedule.sampler)], row.turn
+    def _turn(self, row: _Row, out: Any, params: SamplingParams, eos) -> None:
+        """Replay the turn over the author's output: keep its tokens up to the handover."""
         for token, lp in zip(out.token_ids, _sampled(out), strict=True):
-            if turn.before():
-                restrict = False
-            elif not turn.feed(token, tables):
-                restrict = True
-            else:
-                if self._emit(row, token, lp, row.author, params, eos):
-                    return
-                continue
-            row.author = SENIOR + JUNIOR - row.author
-            row.turn = schedule.turn(row.author, row.context[-1], restrict)
-            row.rounds += 1
-            if schedule.max_rounds is not None and row.rounds >= schedule.max_rounds:
-                row.stop = StopReason.LENGTH  # the evaluation's cap on turns
-            return
+            author = row.author
+            kept, goes_on = row.turn.feed(token)
+            if kept and self._emit(row, token, lp, author, params, eos):
+                return
+            if row.turn.done:
+                row.stop = StopReason.LENGTH  # the schedule's own end: a cap on turns
+            if not goes_on:
+                return
         # the request stopped with the turn still on (a natural stop id): the author goes on
 
     def _emit(self, row: _Row, token: int, lp: float, author: int, params, eos) -> bool:
@@ -432,6 +474,16 @@ def _mix(seed: int, row: int, request: int) -> int:
     return (seed * 1_000_003 + row * 7_919 + request * 104_729) % (2**31 - 1)
 
 
+def _tokenizer(path: str) -> Any:
+    """The model folder's tokenizer, padding with EOS where it names no pad token."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
 def _eos_ids(path: str) -> tuple[int, ...]:
     """The EOS ids a model folder names (generation config first, as the torch engine)."""
     from transformers import AutoConfig, GenerationConfig
@@ -445,3 +497,11 @@ def _eos_ids(path: str) -> tuple[int, ...]:
         if eos is not None:
             return (eos,) if isinstance(eos, int) else tuple(eos)
     return ()
+
+
+def full_tensor(t: Tensor) -> Tensor:
+    """``t`` whole: a ``DTensor`` shard (an FSDP2 senior's parameter) is all-gathered, a
+    collective every rank of its mesh must join; any other tensor is itself."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t

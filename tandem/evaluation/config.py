@@ -13,10 +13,10 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from tandem.config import ConfigError, check_component
+from tandem.config import ConfigError, check_component, check_metrics, check_sampler
 from tandem.evaluation.models import is_checkpoint
 from tandem.modules.models import check_model_path
-from tandem.registry import DATASETS, REWARDS, SAMPLERS
+from tandem.registry import DATASETS, REWARDS
 
 SAMPLING = {
     "temperature": (lambda v: _number(v) and v >= 0, "a number >= 0 (0: greedy)"),
@@ -33,8 +33,9 @@ def validate_eval_config(cfg: DictConfig) -> None:
         for key in OmegaConf.missing_keys(cfg)
     ]
     c = OmegaConf.to_container(cfg, resolve=False)
-    check_component(problems, "sampler", c.get("sampler"), SAMPLERS, skip=("tokenizer",))
+    check_sampler(problems, "sampler", c.get("sampler"))
     check_component(problems, "reward", c.get("reward"), REWARDS)
+    check_metrics(problems, "metrics", c.get("metrics"))
     _check_models(problems, c)
     for key in ("batch_size", "forcing_batch_size"):
         if not (_int(c.get(key)) and c[key] > 0):
@@ -69,8 +70,8 @@ def _check_models(problems: list[str], c: dict[str, Any]) -> None:
         if not isinstance(value, str) or not value or value == "???":
             continue  # a missing value is reported above
         if is_checkpoint(value):
-            if not Path(value).expanduser().is_file():
-                problems.append(f"{key} ({value!r}) is not a checkpoint file that exists.")
+            if not Path(value).expanduser().exists():
+                problems.append(f"{key} ({value!r}) is not a checkpoint that exists.")
         elif msg := check_model_path(value, key):
             problems.append(msg)
 
@@ -80,30 +81,17 @@ def _check_set(problems: list[str], key: str, spec: Any) -> None:
         problems.append(f"{key} must be a mapping (source, split, n, ks, sampling parameters).")
         return
     check_component(problems, f"{key}.source", spec.get("source"), DATASETS)
-    n, ks = spec.get("n", 1), spec.get("ks", [1])
-    if not (_int(n) and n > 0):
-        problems.append(f"{key}.n ({n!r}) must be a positive integer: samples per problem.")
-    elif not (isinstance(ks, list) and ks and all(_int(k) and 1 <= k <= n for k in ks)):
-        problems.append(
-            f"{key}.ks ({ks!r}) must be a non-empty list of integers in [1, n={n}]: pass@k "
-            f"needs at least k samples per problem. Raise {key}.n or drop the larger k."
-        )
+    ks = spec.get("ks", [1])
+    _check_samples(problems, key, ("n", spec.get("n", 1)), ("ks", ks))
+    if spec.get("handoff_n") is not None:
+        handoff_ks = ("handoff_ks", spec.get("handoff_ks") or ks)
+        _check_samples(problems, key, ("handoff_n", spec["handoff_n"]), handoff_ks)
     limit = spec.get("limit")
     if limit is not None and not (_int(limit) and limit > 0):
         problems.append(f"{key}.limit ({limit!r}) must be a positive integer or null (all).")
     for name, (ok, rule) in SAMPLING.items():
         if name in spec and not ok(spec[name]):
             problems.append(f"{key}.{name} ({spec[name]!r}) must be {rule}.")
-    handoff_n = spec.get("handoff_n")
-    if handoff_n is not None:
-        handoff_ks = spec.get("handoff_ks") or ks
-        if not (_int(handoff_n) and handoff_n > 0):
-            problems.append(f"{key}.handoff_n ({handoff_n!r}) must be a positive integer or null.")
-        elif not all(_int(k) and 1 <= k <= handoff_n for k in handoff_ks):
-            problems.append(
-                f"{key}.handoff_ks ({handoff_ks!r}) must be integers in [1, handoff_n="
-                f"{handoff_n}]. Set {key}.handoff_ks to fit."
-            )
     limit = spec.get("context_limit")
     if limit is not None and not (_int(limit) and limit > 8):
         problems.append(f"{key}.context_limit ({limit!r}) must be an integer > 8, or null.")
@@ -111,6 +99,25 @@ def _check_set(problems: list[str], key: str, spec: Any) -> None:
     unknown = set(spec) - {*known, "handoff_n", "handoff_ks", *SAMPLING}
     if unknown:
         problems.append(f"{key} has unknown keys {sorted(unknown)}.")
+
+
+def _check_samples(problems: list[str], key: str, n: tuple[str, Any], ks: tuple[str, Any]) -> None:
+    """``(name, value)`` of a pass's samples per problem and of its pass@k ``ks``."""
+    (n_key, n_value), (ks_key, ks_value) = n, ks
+    if not (_int(n_value) and n_value > 0):
+        problems.append(
+            f"{key}.{n_key} ({n_value!r}) must be a positive integer: samples per problem."
+        )
+    elif not (
+        isinstance(ks_value, list)
+        and ks_value
+        and all(_int(k) and 1 <= k <= n_value for k in ks_value)
+    ):
+        problems.append(
+            f"{key}.{ks_key} ({ks_value!r}) must be a non-empty list of integers in "
+            f"[1, {n_key}={n_value}]: pass@k needs at least k samples per problem. Raise "
+            f"{key}.{n_key} or drop the larger k."
+        )
 
 
 def _int(v: Any) -> bool:

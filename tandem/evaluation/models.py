@@ -24,6 +24,7 @@ from omegaconf import OmegaConf
 
 from tandem.modules.export import export_checkpoint
 from tandem.modules.models import load_causal_lm, load_tokenizer, resolve
+from tandem.runs.checkpoints import is_distributed_checkpoint, read_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -40,14 +41,14 @@ class ModelPair:
 
 
 def is_checkpoint(name_or_path: str) -> bool:
-    """True for a Lightning checkpoint file."""
-    return str(name_or_path).endswith(".ckpt")
+    """True for a Lightning checkpoint: a file, or a sharded run's folder."""
+    return str(name_or_path).endswith(".ckpt") or is_distributed_checkpoint(name_or_path)
 
 
 def senior_base(name_or_path: str) -> str:
     """The base the senior started from (its default junior); the senior itself if unknown."""
     if is_checkpoint(name_or_path):
-        ckpt = torch.load(name_or_path, map_location="cpu", weights_only=False, mmap=True)
+        ckpt = read_checkpoint(name_or_path)
         for key, state in (ckpt.get("callbacks") or {}).items():
             if "JuniorCallback" in str(key) and state.get("name_or_path"):
                 return str(state["name_or_path"])

@@ -33,15 +33,14 @@ from tandem.evaluation.records import RecordWriter, build_records
 from tandem.evaluation.sets import EvalSet, Problems, load_problems
 from tandem.metrics import (
     DistributionOverlap,
-    HandoffsPerRollout,
     JuniorCrossEntropy,
     PassAtK,
     PooledJuniorCrossEntropy,
-    SeniorShare,
     TokenKL,
     kl_divergence,
     token_overlap,
 )
+from tandem.metrics.base import build_metrics, measure, values
 from tandem.registry import SAMPLERS
 from tandem.rewards import Verdict
 
@@ -64,6 +63,8 @@ class Evaluator:
         writer: where records go (None: nowhere).
         progress: show a progress bar over problems x samples.
         backend: what samples (``tandem.engine.build_backend``); None: the torch engine.
+        metrics: what every pass's rollouts also feed, ``{key: a METRICS name}``, in the
+            table as ``<pass>/<key>`` (the handoff pass's team statistics by default).
     """
 
     def __init__(
@@ -83,6 +84,7 @@ class Evaluator:
         writer: RecordWriter | None = None,
         progress: bool = True,
         backend: Any = None,
+        metrics: dict[str, str] | None = None,
     ) -> None:
         assert solo or not drift, "drift is measured on the solo outputs: set solo=true"
         self.senior, self.junior, self.tokenizer, self.reward = senior, junior, tokenizer, reward
@@ -91,6 +93,7 @@ class Evaluator:
         self.seed, self.writer, self.progress = seed, writer, progress
         self.modes = [m for m, on in zip(MODES, (solo, handoff), strict=True) if on]
         self.drift = drift
+        self.configured = dict(metrics or {})
         self.backend = backend if backend is not None else TorchBackend(senior, junior, tokenizer)
 
     def run(self, eval_set: EvalSet) -> tuple[dict[str, float], Problems]:
@@ -122,7 +125,7 @@ class Evaluator:
             golds = [problems.answers[i] for i in idx for _ in range(n)]
             verdicts = self.verify(rollouts.texts, golds)
             scores = torch.tensor([v.score for v in verdicts])  # [B*n]
-            extra = self.update(metrics, rollouts, scores.view(len(idx), n) > 0.5, mode)
+            extra = self.update(metrics, rollouts, scores.view(len(idx), n))
             if self.writer is not None:
                 context = {
                     "set": eval_set.name,
@@ -138,7 +141,8 @@ class Evaluator:
             bar.update(rollouts.num_rows)
         bar.close()
         # pass@k, lengths and team stats are this pass's; drift and legibility keys are full
-        return {k if "/" in k else f"{mode}/{k}": v for k, v in _values(metrics).items()}
+        table = {k: float(v) for k, v in values(metrics).items()}
+        return {k if "/" in k else f"{mode}/{k}": v for k, v in table.items()}
 
     def verify(self, texts: list[str], golds: list[str]) -> list[Verdict]:
         """The reward's verdicts; rewards without ``verify`` give their score and no reason."""
@@ -153,8 +157,7 @@ class Evaluator:
             "response_length": MeanMetric(),
             "truncated": MeanMetric(),
         }
-        if mode == "handoff":
-            out.update(senior_share=SeniorShare(), handoffs=HandoffsPerRollout())
+        out.update(build_metrics(self.configured))
         if mode == "solo" and self.drift:
             out.update(
                 {
@@ -167,22 +170,22 @@ class Evaluator:
         return out
 
     def build_sampler(self, mode: str) -> Any:
-        """A fresh sampler per pass, so that its coins do not depend on earlier sets."""
+        """The pass's sampler (it holds no coins: the engine draws them from each batch's seed)."""
         if mode == "solo":
             return SAMPLERS.build("solo", tokenizer=self.tokenizer)
         spec = dict(self.sampler)
         return SAMPLERS.build(spec.pop("name"), tokenizer=self.tokenizer, **spec)
 
     def update(
-        self, metrics: dict[str, Metric], rollouts: Rollouts, correct: Tensor, mode: str
+        self, metrics: dict[str, Metric], rollouts: Rollouts, scores: Tensor
     ) -> dict[str, Tensor]:
-        """Feed one batch to the metrics; returns per-token values for its records."""
-        metrics["pass"].update(correct)  # [B, n]
+        """Feed one batch (``scores [B, n]``) to the metrics; returns per-token values for its
+        records."""
+        metrics["pass"].update(scores > 0.5)  # [B, n]
         metrics["response_length"].update(rollouts.lengths.float().cpu())
         metrics["truncated"].update((rollouts.stop_reasons == StopReason.LENGTH).float().cpu())
-        if "senior_share" in metrics:
-            metrics["senior_share"].update(rollouts.authors.cpu())
-            metrics["handoffs"].update(rollouts.authors.cpu())
+        configured = {k: metrics[k] for k in self.configured}
+        measure(configured, authors=rollouts.authors.cpu(), rewards=scores.flatten().float())
         if "drift/kl" in metrics:
             return self.force(metrics, rollouts)
         return {}
@@ -220,14 +223,3 @@ class Evaluator:
             for k, v in values.items():
                 per_token[k][chunk.rows, :t] = torch.where(mask, v.cpu(), 0.0)
         return per_token
-
-
-def _values(metrics: dict[str, Metric]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for name, metric in metrics.items():
-        value = metric.compute()
-        if isinstance(value, dict):
-            out.update({k: float(v) for k, v in value.items()})
-        else:
-            out[name] = float(value)
-    return out

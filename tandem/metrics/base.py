@@ -1,4 +1,5 @@
-"""The shared shape of the mean metrics: a sum and a count, reduced by summing.
+"""The shared shape of the mean metrics (a sum and a count, reduced by summing), and how the
+metrics a config lists are built, fed and read.
 
 The per-token metrics add one value per token, so long responses weigh by their length, as
 the paper's per-token numbers do; per-rollout ones (handoffs) add one value per rollout.
@@ -6,6 +7,9 @@ What this file leaves out: what each metric measures (one file each).
 """
 
 from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
 
 import torch
 from torch import Tensor
@@ -30,3 +34,32 @@ class TokenMean(Metric):
 
     def compute(self) -> Tensor:
         return self.total / self.count
+
+
+# what a batch of rollouts offers the metrics a config lists: a metric's ``update`` names the
+# ones it reads (``authors [N, T]``: SENIOR, JUNIOR, PAD; ``rewards [N]``)
+ROLLOUT_INPUTS = ("authors", "rewards")
+
+
+def build_metrics(spec: Mapping[str, str]) -> dict[str, Metric]:
+    """``{log key: registry name}`` (the ``metrics`` of a config) -> ``{log key: new metric}``."""
+    from tandem.registry import METRICS  # the registry imports this package's modules
+
+    return {key: METRICS.build(name) for key, name in spec.items()}
+
+
+def measure(metrics: Mapping[str, Metric], **inputs: Tensor) -> None:
+    """Update every metric with the ``inputs`` its ``update`` names."""
+    for metric in metrics.values():
+        wanted = inspect.signature(metric.update).parameters
+        metric.update(**{n: v for n, v in inputs.items() if n in wanted})
+
+
+def values(metrics: Mapping[str, Metric]) -> dict[str, Tensor]:
+    """Each metric's value by its key; a metric that computes a dict (pass@k) gives its own
+    keys."""
+    out: dict[str, Tensor] = {}
+    for key, metric in metrics.items():
+        value = metric.compute()
+        out.update(value if isinstance(value, dict) else {key: value})
+    return out

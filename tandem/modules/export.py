@@ -2,7 +2,8 @@
 
 An export is all or nothing: the folder is written under a temporary name, completed with
 ``export.json`` (the step it holds and the size of every file), and renamed into place. A
-reader tells a whole export from a half-written one with ``check_senior``.
+reader tells a whole export from a half-written one with ``check_senior``. A sharded senior is
+gathered whole by every rank and written by rank 0: the export is always the full model.
 
 What this file leaves out: loading for evaluation (``tandem.modules.models`` loads the folder).
 """
@@ -20,6 +21,7 @@ import lightning as L
 import torch
 
 from tandem.modules.models import load_causal_lm, load_tokenizer
+from tandem.modules.sharding import full_state_dict, is_sharded
 from tandem.runs.faults import fault_point
 from tandem.runs.signals import StopOnSignal
 
@@ -45,23 +47,37 @@ class ExportSenior(L.Callback):
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # on_fit_end, not on_train_end: a finished run started again restores its checkpoint and
         # skips the training loop (no on_train_end), and must still re-export a missing senior
-        if trainer.global_rank != 0 or (self.stop is not None and self.stop.stopping):
+        if self.stop is not None and self.stop.stopping:
             return
-        if check_senior(self.folder) is None and exported_step(self.folder) == trainer.global_step:
-            log.info("%s already holds the senior of step %d", self.folder, trainer.global_step)
+        step = trainer.global_step
+        # rank 0's view decides for all: a sharded senior needs every rank to gather it
+        done = check_senior(self.folder) is None and exported_step(self.folder) == step
+        if trainer.strategy.broadcast(done):
+            if trainer.global_rank == 0:
+                log.info("%s already holds the senior of step %d", self.folder, step)
             return
-        save_senior(pl_module.senior, pl_module.tokenizer, self.folder, trainer.global_step)
-        log.info("exported the senior of step %d to %s", trainer.global_step, self.folder)
+        senior = pl_module.senior
+        state = full_state_dict(senior) if is_sharded(senior) else None
+        if trainer.global_rank == 0:
+            save_senior(senior, pl_module.tokenizer, self.folder, step, state_dict=state)
+            log.info("exported the senior of step %d to %s", step, self.folder)
 
 
-def save_senior(model: Any, tokenizer: Any, folder: str | Path, step: int) -> Path:
+def save_senior(
+    model: Any,
+    tokenizer: Any,
+    folder: str | Path,
+    step: int,
+    state_dict: dict[str, torch.Tensor] | None = None,
+) -> Path:
     """Write ``model`` and ``tokenizer`` to ``folder`` atomically (a reader sees the old folder,
-    or none, or the new one whole); returns the folder."""
+    or none, or the new one whole); returns the folder. ``state_dict``: the weights to write
+    instead of the model's own (a sharded model's, gathered whole)."""
     folder = Path(folder)
     tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
     old = folder.with_name(f"{folder.name}.old-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
+    model.save_pretrained(tmp, state_dict=state_dict)
     fault_point("export", step)
     tokenizer.save_pretrained(tmp)
     files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
@@ -120,7 +136,7 @@ def exported_step(folder: str | Path) -> int | None:
 
 def export_checkpoint(ckpt_path: str | Path, folder: str | Path) -> Path:
     """Turn a training checkpoint into a Hugging Face folder of the senior it holds."""
-    ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+    ckpt = load_checkpoint_file(ckpt_path)
     hp = ckpt["hyper_parameters"]
     model = load_causal_lm(hp["model"], hp.get("dtype", "float32"))
     prefix = "senior."
@@ -136,3 +152,13 @@ def export_checkpoint(ckpt_path: str | Path, folder: str | Path) -> Path:
             f"unexpected {unexpected[:5]}. Is it a tandem.train checkpoint?"
         )
     return save_senior(model, load_tokenizer(hp["model"]), folder, int(ckpt.get("global_step", 0)))
+
+
+def load_checkpoint_file(ckpt_path: str | Path) -> dict[str, Any]:
+    """A Lightning checkpoint as one dictionary: a file, or a sharded run's distributed
+    checkpoint folder with its shards put together (in this process, no process group)."""
+    if Path(ckpt_path).is_dir():
+        from lightning.fabric.utilities.load import _load_distributed_checkpoint
+
+        return _load_distributed_checkpoint(Path(ckpt_path))
+    return torch.load(ckpt_path, map_location="cpu", weights_only=False)

@@ -25,20 +25,26 @@ Optimisation is manual because one batch of rollouts may feed several optimizer 
 (``num_iterations`` x ``mini_batches``); ``global_step`` counts optimizer steps.
 
 What this file leaves out: sampling (``tandem.engine``), the objective's algebra
-(``tandem.modules.loss``), and what gets logged where (``tandem.modules.logging``).
+(``tandem.modules.loss``), and the metrics it logs (``tandem.metrics``, listed by the config).
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import lightning as L
 import torch
 from torch import Tensor
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
 
 from tandem.data.datamodule import PromptBatch
 from tandem.engine import JUNIOR, SENIOR, Rollouts, SamplingParams, StopReason, build_backend
+from tandem.engine.backend import TorchBackend
+from tandem.metrics.base import build_metrics, measure, values
 from tandem.modules.checks import check_rollouts
 from tandem.modules.logprobs import sequence_logprobs
 from tandem.modules.loss import (
@@ -49,7 +55,8 @@ from tandem.modules.loss import (
     zero_variance_groups,
 )
 from tandem.modules.models import load_causal_lm, load_tokenizer
-from tandem.modules.stats import rollout_table, team_stats
+from tandem.modules.sharding import gathered
+from tandem.modules.stats import rollout_table
 from tandem.registry import REWARDS, SAMPLERS
 from tandem.runs.faults import fault_point
 from tandem.runs.resume import honour_optimizer_config
@@ -62,10 +69,16 @@ class TandemGRPO(L.LightningModule):
         model: the senior's starting checkpoint (``tiny``, a hub name or a folder).
         sampler: registry name and arguments of the handoff sampler (``name`` plus kwargs).
         reward: registry name and arguments of the reward.
-        generation: sampling parameters (temperature, top_p, top_k, max_new_tokens).
+        generation: ``SamplingParams`` keyword arguments (temperature, top_p, top_k,
+            max_new_tokens, ...); the seed, the samples per prompt and the log-prob temperature
+            are set per call.
         loss: ``LossConfig`` keyword arguments.
         group_size: rollouts per prompt (G).
-        lr, weight_decay, betas, warmup_steps, max_grad_norm: AdamW and its warmup.
+        optimizer: called with the senior's parameters, returns its optimizer (a Hydra
+            ``_partial_``, e.g. of ``torch.optim.AdamW``).
+        scheduler: called with the optimizer, returns a learning-rate scheduler stepped once per
+            optimizer step; None: a constant learning rate.
+        max_grad_norm: clip the gradient's norm to this; None: no clipping.
         num_iterations: passes over each batch of rollouts.
         mini_batches: optimizer steps per pass (the rollouts are split into this many slices).
         advantage: ``std`` or ``mean`` group normalisation.
@@ -84,6 +97,8 @@ class TandemGRPO(L.LightningModule):
             while sampling), ``trainer`` (a no-grad pass of the trainer's models before the
             update) or ``auto`` (the engine when it samples with the trainer's own float32
             weights, else the trainer).
+        metrics: what the rollouts of each step and validation pass feed, logged as
+            ``train/<key>`` and ``val/<pass>/<key>``: ``{key: a METRICS name}``.
     """
 
     def __init__(
@@ -94,11 +109,9 @@ class TandemGRPO(L.LightningModule):
         generation: dict[str, Any],
         loss: dict[str, Any],
         group_size: int,
-        lr: float = 1e-4,
-        weight_decay: float = 0.0,
-        betas: tuple[float, float] = (0.9, 0.99),
-        warmup_steps: int = 0,
-        max_grad_norm: float = 1.0,
+        optimizer: Callable[[Iterable[Tensor]], Optimizer] = torch.optim.AdamW,
+        scheduler: Callable[[Optimizer], LRScheduler] | None = None,
+        max_grad_norm: float | None = 1.0,
         num_iterations: int = 1,
         mini_batches: int = 1,
         advantage: str = "std",
@@ -113,6 +126,7 @@ class TandemGRPO(L.LightningModule):
         backend: dict[str, Any] | None = None,
         logprob_temperature: float | None = None,
         old_logprobs: str = "auto",
+        metrics: dict[str, str] | None = None,
     ) -> None:
         if old_logprobs not in OLD_LOGPROB_SOURCES:
             raise ValueError(
@@ -120,7 +134,10 @@ class TandemGRPO(L.LightningModule):
                 "the policy loss's old log-probs come from. Use auto unless you know why not."
             )
         super().__init__()
-        self.save_hyperparameters()
+        # the factories are code, not values: a checkpoint holding them could not be loaded
+        # with weights_only, and the run's config records them already
+        self.save_hyperparameters(ignore=["optimizer", "scheduler"])
+        self.make_optimizer, self.make_scheduler = optimizer, scheduler
         self.automatic_optimization = False
         self.loss_cfg = LossConfig(**loss)
         self.senior: torch.nn.Module | None = None
@@ -141,29 +158,29 @@ class TandemGRPO(L.LightningModule):
             self.senior = load_causal_lm(self.hparams.model, self.hparams.dtype)
             self.senior.config.use_cache = True
             self.senior.train()  # from_pretrained returns eval mode; the senior is trained
+            # a sharding strategy (trainer=fsdp) shards it here; the junior is never a submodule
+            shard = getattr(self.trainer.strategy, "shard", None) if self._trainer else None
+            if shard is not None:
+                shard(self.senior)
 
     @property
     def junior(self) -> torch.nn.Module | None:
         return None if self.junior_holder is None else self.junior_holder.model
 
     def configure_optimizers(self) -> Any:
-        opt = torch.optim.AdamW(
-            self.senior.parameters(),
-            lr=self.hparams.lr,
-            weight_decay=self.hparams.weight_decay,
-            betas=tuple(self.hparams.betas),
-        )
-        warm = self.hparams.warmup_steps
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_factor(s, warm))
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        opt = self.make_optimizer(self.senior.parameters())
+        if self.make_scheduler is None:
+            return opt
+        # stepped by hand in update(), once per optimizer step
+        return {"optimizer": opt, "lr_scheduler": self.make_scheduler(opt)}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Lightning restores the optimizer and the scheduler after this hook, with the lr and
         # weight decay they were saved with: a resume that changed them must train with the new
-        hp = self.hparams
-        honour_optimizer_config(
-            checkpoint, hp.lr, hp.weight_decay, lambda s: warmup_factor(s, hp.warmup_steps)
-        )
+        # a sharding strategy has loaded the optimizer from its shards already
+        strategy = self.trainer.strategy
+        loaded = () if strategy.lightning_restore_optimizer else strategy.optimizers
+        honour_optimizer_config(checkpoint, self.make_optimizer, self.make_scheduler, loaded)
 
     # -- rollouts ------------------------------------------------------------------------------
     def rollout(
@@ -178,19 +195,15 @@ class TandemGRPO(L.LightningModule):
         """``samples`` rollouts per prompt of ``batch``, the rows of a prompt adjacent.
 
         ``logprob_temperature`` also records the loss's old and reference log-probs."""
-        g = self.hparams.generation
-        seed = self.step_seed(batch.index, stream)
+        g = dict(self.hparams.generation)
+        if temperature is not None:
+            g["temperature"] = temperature
         params = SamplingParams(
-            temperature=g["temperature"] if temperature is None else temperature,
-            top_p=g.get("top_p", 1.0),
-            top_k=g.get("top_k", 0),
-            max_new_tokens=g["max_new_tokens"],
-            seed=seed,
+            **g,
+            seed=self.step_seed(batch.index, stream),
             samples_per_prompt=samples,
             logprob_temperature=logprob_temperature,
         )
-        # coins too are a function of (seed, step, rank): a resumed run redraws the same ones
-        sampler.generator.manual_seed(seed)
         if self.backend is None:
             spec = dict(self.hparams.backend or {"name": "torch"})
             name = spec.pop("name")
@@ -202,7 +215,11 @@ class TandemGRPO(L.LightningModule):
         # the junior reads along when it writes, and when the loss needs its log-probs (the KL
         # penalty toward it): a solo arm with kl_beta > 0 must not train as plain GRPO
         reads = not sampler.solo or (self.training and self.loss_cfg.kl_beta > 0)
-        return self.backend.generate(batch.prompt_ids, sampler, params, junior=reads)
+        # the torch engine samples from the trainer's senior: sharded, it is gathered once for
+        # the whole rollout, not at every token (vLLM gathers its copy in sync)
+        local = isinstance(self.backend, TorchBackend)
+        with gathered(self.senior) if local else contextlib.nullcontext():
+            return self.backend.generate(batch.prompt_ids, sampler, params, junior=reads)
 
     def step_seed(self, index: int, stream: int) -> int:
         """A seed from (run seed, batch index, rank, stream): resume replays the same samples."""
@@ -258,6 +275,8 @@ class TandemGRPO(L.LightningModule):
         # only the torch engine samples with the trainer's very weights; bf16 or a stale vLLM
         # engine gives log-probs the trainer would not compute
         same = backend == "torch" and self.hparams.dtype == "float32" and precision == "32-true"
+        strategy = self._trainer.strategy if self._trainer is not None else None
+        same &= not getattr(strategy, "lower_precision", False)
         return "engine" if same else "trainer"
 
     def update(
@@ -289,13 +308,16 @@ class TandemGRPO(L.LightningModule):
                     junior_mask[idx].to(dev),
                     self.loss_cfg,
                 )
-                opt.zero_grad(set_to_none=True)
                 self.manual_backward(loss)
                 self.clip_gradients(
                     opt, gradient_clip_val=hp.max_grad_norm, gradient_clip_algorithm="norm"
                 )
                 opt.step()
-                sched.step()
+                # freed as soon as the step has used them, not before the next backward: the
+                # next rollout then never holds them beside the gathered senior
+                opt.zero_grad(set_to_none=True)
+                if sched is not None:
+                    sched.step()
                 fault_point("update", self.global_step)
                 for k, v in stats.items():
                     totals[k] = totals.get(k, 0) + v / (hp.num_iterations * len(slices))
@@ -349,13 +371,14 @@ class TandemGRPO(L.LightningModule):
         seconds: dict[str, float],
     ) -> None:
         g = self.hparams.group_size
-        team = team_stats(rollouts, rewards)
         total = sum(seconds.values())
         values = {
             "train/reward": rewards.mean(),
             "train/reward_std": rewards.std() if rewards.numel() > 1 else torch.tensor(0.0),
             "train/zero_variance_groups": zero_variance_groups(rewards, g).float().mean(),
-            **{f"train/{k}": v for k, v in team.items()},
+            "train/response_length": rollouts.lengths.cpu().float().mean(),
+            "train/truncated": (rollouts.stop_reasons.cpu() == StopReason.LENGTH).float().mean(),
+            **self.measure("train", rollouts, rewards),
             **{f"train/{k}": v for k, v in stats.items()},
             "train/lr": torch.tensor(self.optimizers().param_groups[0]["lr"]),
             "train/weights_lag": torch.tensor(float(self.weights_lag)),
@@ -379,7 +402,8 @@ class TandemGRPO(L.LightningModule):
                 batch_size=rewards.numel(),
             )
         every = self.hparams.rollout_log_every
-        if every and self.global_rank == 0 and self.global_step % every < self.hparams.mini_batches:
+        per_batch = self.hparams.num_iterations * self.hparams.mini_batches
+        if every and self.global_rank == 0 and self.global_step % every < per_batch:
             self.log_rollout_texts(
                 rollout_table(rollouts, rewards, self.tokenizer, self.hparams.rollouts_to_log)
             )
@@ -406,11 +430,20 @@ class TandemGRPO(L.LightningModule):
                 batch_size=len(batch),
                 prog_bar=name == "tandem",
             )
+            # each batch's values, averaged over batches by Lightning as the accuracy is
+            self.log_dict(
+                self.measure(f"val/{name}", rollouts, rewards),
+                sync_dist=True,
+                batch_size=len(batch),
+            )
 
-
-def warmup_factor(step: int, warmup_steps: int) -> float:
-    """The learning rate's multiplier after ``step`` scheduler steps: linear warmup to 1."""
-    return min(1.0, (step + 1) / max(1, warmup_steps))
+    def measure(self, prefix: str, rollouts: Rollouts, rewards: Tensor) -> dict[str, Tensor]:
+        """The configured metrics of one batch of rollouts, by ``<prefix>/<key>``; a metric
+        that saw nothing it counts (NaN) is left out."""
+        metrics = build_metrics(self.hparams.metrics or {})
+        measure(metrics, authors=rollouts.authors.cpu(), rewards=rewards.float())
+        out = {f"{prefix}/{k}": v.float() for k, v in values(metrics).items()}
+        return {k: v for k, v in out.items() if not v.isnan()}
 
 
 def _args(spec: dict[str, Any]) -> dict[str, Any]:

@@ -11,16 +11,10 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from tandem.assets import TINY_WORLD
+from tandem.assets import resolve
 from tandem.hub import hub_problem
 
-ALIASES = {"tiny": TINY_WORLD}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve(name_or_path: str | Path) -> str:
-    """The folder or hub name behind ``name_or_path`` (``tiny`` is the embedded world)."""
-    return str(ALIASES.get(str(name_or_path), name_or_path))
 
 
 def looks_local(name_or_path: str) -> bool:

@@ -1,7 +1,6 @@
-"""Team statistics of a batch of rollouts, and rollouts rendered as text with authors marked.
+"""Rollouts rendered as text with the authors marked, for the training log.
 
-What this file leaves out: the torchmetrics used for evaluation (``tandem.metrics``); these are
-per-step numbers that Lightning's ``log(sync_dist=True)`` reduces across ranks.
+What this file leaves out: the team statistics (``tandem.metrics.team``).
 """
 
 from __future__ import annotations
@@ -10,29 +9,7 @@ from typing import Any
 
 from torch import Tensor
 
-from tandem.engine import JUNIOR, SENIOR, Rollouts, StopReason
-from tandem.metrics.team import handoff_counts
-
-
-def team_stats(rollouts: Rollouts, rewards: Tensor) -> dict[str, Tensor]:
-    """Senior token share, handoffs per rollout, response length, and reward by who wrote more."""
-    authors = rollouts.authors.cpu()  # [N, T]
-    real = authors >= 0  # [N, T]
-    senior = (authors == SENIOR).sum(1).float()  # [N]
-    length = real.sum(1).float().clamp(min=1)  # [N]
-    share = senior / length  # [N]
-    mostly_senior = share >= 0.5
-    out = {
-        "senior_share": senior.sum() / real.sum().clamp(min=1),
-        "handoffs_per_rollout": handoff_counts(authors).float().mean(),
-        "response_length": real.sum(1).float().mean(),
-        "truncated": (rollouts.stop_reasons.cpu() == StopReason.LENGTH).float().mean(),
-    }
-    if bool(mostly_senior.any()):
-        out["reward_senior_majority"] = rewards[mostly_senior].float().mean()
-    if bool((~mostly_senior).any()):
-        out["reward_junior_majority"] = rewards[~mostly_senior].float().mean()
-    return out
+from tandem.engine import JUNIOR, Rollouts
 
 
 def rollout_table(rollouts: Rollouts, rewards: Tensor, tokenizer: Any, count: int) -> str:

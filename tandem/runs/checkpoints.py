@@ -4,7 +4,9 @@ Every checkpoint goes through ``AtomicCheckpointIO``: it is written to ``<name>.
 hashed as it is written, flushed to disk, and renamed into place only after its checksum file
 (``<name>.sha256``, the format ``sha256sum -c`` reads) is. So a file under its final name is
 whole, and a file that no longer matches its checksum (truncated, overwritten) is named and
-skipped: ``newest_verified`` falls back to the checkpoint before it. ``StepCheckpoint`` keeps the
+skipped: ``newest_verified`` falls back to the checkpoint before it. A sharded run's distributed
+checkpoint is a folder, written the same way by ``tandem.modules.sharding.FSDP2Strategy``; its
+checksum file lists every file in it. ``StepCheckpoint`` keeps the
 newest K step checkpoints and also saves when a signal asks the run to stop.
 
 What this file leaves out: which checkpoint a start asks for (``tandem.train``) and the signal
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import lightning as L
+from lightning.fabric.utilities.load import _METADATA_FILENAME as METADATA
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
@@ -64,17 +67,70 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 def verify(path: str | Path) -> str | None:
-    """Why ``path`` cannot be trusted (missing, no checksum, checksum mismatch), or None."""
+    """Why ``path`` cannot be trusted (missing, no checksum, checksum mismatch), or None.
+
+    A distributed checkpoint is a folder: its checksum file lists every file in it, and a
+    file missing, added or changed fails it."""
     path = Path(path)
     sidecar = path.with_name(path.name + ".sha256")
-    if not path.is_file():
+    if not path.exists():
         return f"{path} does not exist"
     if not sidecar.is_file():
         return f"{path} has no checksum file {sidecar.name}"
-    expected = sidecar.read_text().split(maxsplit=1)[0] if sidecar.stat().st_size else ""
-    if sha256_file(path) != expected:
+    expected = _read_checksums(sidecar)
+    if path.is_dir():
+        actual = {f"{path.name}/{name}": digest for name, digest in _folder_digests(path)}
+    else:
+        actual = {path.name: sha256_file(path)}
+    if actual != expected:
         return f"{path} does not match its checksum {sidecar.name} (truncated or corrupted)"
     return None
+
+
+def is_distributed_checkpoint(path: str | Path) -> bool:
+    """Whether ``path`` is a sharded run's checkpoint folder (shards plus ``meta.pt``)."""
+    return (Path(path) / METADATA).is_file()
+
+
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    """A checkpoint's dictionary, tensors memory-mapped; for a distributed checkpoint, the part
+    outside the shards (step, loops, callbacks, hyperparameters)."""
+    import torch
+
+    file = Path(path) / METADATA if Path(path).is_dir() else Path(path)
+    return torch.load(file, map_location="cpu", weights_only=False, mmap=True)
+
+
+def write_folder_checksums(folder: str | Path, name: str) -> Path:
+    """Write ``<name>.sha256`` beside ``folder`` (``sha256sum -c`` format, run from the parent),
+    naming each file as ``<name>/<file>``: the checksum of the folder once renamed to ``name``.
+    Returns the checksum file."""
+    folder = Path(folder)
+    for file in folder.rglob("*"):
+        if file.is_file():
+            with file.open("rb") as f:
+                os.fsync(f.fileno())
+    lines = "".join(f"{d}  {name}/{rel}\n" for rel, d in _folder_digests(folder))
+    sidecar = folder.with_name(f"{name}.sha256")
+    _replace(sidecar, lines)
+    return sidecar
+
+
+def _folder_digests(folder: Path) -> list[tuple[str, str]]:
+    return [
+        (p.relative_to(folder).as_posix(), sha256_file(p))
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    ]
+
+
+def _read_checksums(sidecar: Path) -> dict[str, str]:
+    """``{file name: digest}`` from a ``sha256sum`` file."""
+    entries = {}
+    for line in sidecar.read_text().splitlines():
+        digest, _, name = line.partition("  ")
+        entries[name] = digest
+    return entries
 
 
 def newest_verified(ckpt_dir: str | Path) -> Path | None:
@@ -101,7 +157,8 @@ def newest_verified(ckpt_dir: str | Path) -> Path | None:
 
 
 def step_checkpoints(ckpt_dir: str | Path) -> list[Path]:
-    """The ``step-<N>.ckpt`` files of a run (not ``last.ckpt``, a link to the newest)."""
+    """The ``step-<N>.ckpt`` files (or distributed checkpoint folders) of a run (not
+    ``last.ckpt``, a link to the newest)."""
     folder = Path(ckpt_dir)
     return [p for p in folder.glob("step-*.ckpt") if STEP.match(p.name)] if folder.is_dir() else []
 

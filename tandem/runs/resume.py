@@ -18,10 +18,12 @@ What this file leaves out: where the start records go (``tandem.provenance``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 from tandem.runs import RunRefused
@@ -33,9 +35,9 @@ STARTS = "starts"
 PER_START = ("ckpt_path", "output_dir", "run_name", "resume_changes")
 # a change to these (or to anything under them) is honoured on resume
 HONOURED = (
-    "module.lr",
-    "module.weight_decay",
-    "module.warmup_steps",
+    "module.optimizer.lr",
+    "module.optimizer.weight_decay",
+    "module.scheduler",
     "module.max_grad_norm",
     "module.rollouts_to_log",
     "module.rollout_log_every",
@@ -54,12 +56,28 @@ HONOURED = (
     "reward.workers",
 )
 CHOICES = ("refuse", "allow")
+# an interpolation of another key of the config (not a resolver's, such as ${now:...})
+POINTER = re.compile(r"\$\{[\w.]+\}")
 
 
 def start_config(cfg: DictConfig) -> dict[str, Any]:
-    """The resolved config of a start, less the keys that only name the start."""
-    c = OmegaConf.to_container(cfg, resolve=True)
+    """The resolved config of a start, less the keys that only name the start.
+
+    A value that only points at another key (``module.sampler: ${sampler}``) stays the pointer:
+    a change is then reported once, at the key that was changed.
+    """
+    c = _keep_pointers(
+        OmegaConf.to_container(cfg, resolve=True), OmegaConf.to_container(cfg, resolve=False)
+    )
     return {k: v for k, v in c.items() if k not in PER_START}
+
+
+def _keep_pointers(resolved: Any, raw: Any) -> Any:
+    if isinstance(raw, str) and POINTER.fullmatch(raw):
+        return raw
+    if isinstance(resolved, dict) and isinstance(raw, dict):
+        return {k: _keep_pointers(v, raw.get(k)) for k, v in resolved.items()}
+    return resolved
 
 
 def previous_config(folder: str | Path) -> tuple[int, dict[str, Any] | None]:
@@ -123,20 +141,43 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def honour_optimizer_config(
-    checkpoint: dict[str, Any], lr: float, weight_decay: float, factor: Callable[[int], float]
+    checkpoint: dict[str, Any],
+    make_optimizer: Callable[[list[torch.Tensor]], torch.optim.Optimizer],
+    make_scheduler: Callable[[torch.optim.Optimizer], Any] | None,
+    restored: Iterable[Any] = (),
 ) -> None:
     """Rewrite a checkpoint's optimizer and scheduler state, before Lightning restores it, to
-    the configured ``lr`` and ``weight_decay``. ``factor(step)`` is the scheduler's multiplier
-    (warmup): the restored lr is ``lr * factor(step)``, as the scheduler itself computes it, so
-    an unchanged config restores the very same numbers."""
-    step = None
-    for sched in checkpoint.get("lr_schedulers") or []:
-        step = int(sched["last_epoch"])
-        sched["base_lrs"] = [lr] * len(sched["base_lrs"])
+    the configured lr and weight decay at the checkpoint's step. ``restored``: optimizers a
+    strategy has already loaded (a distributed checkpoint holds their state in its shards, not
+    in ``optimizer_states``); their parameter groups are rewritten in place.
+
+    The configured optimizer and scheduler are built on a stand-in parameter and stepped as
+    often as the checkpoint's scheduler was, so the restored lr is the one the scheduler itself
+    computes there, whatever the scheduler, and an unchanged config restores the same numbers.
+    """
+    saved = checkpoint.get("lr_schedulers") or []
+    step = int(saved[0]["last_epoch"]) if saved else 0
+    fresh = _stepped(make_optimizer, make_scheduler, step).param_groups[0]
+    for sched in saved:
+        sched["base_lrs"] = [fresh.get("initial_lr", fresh["lr"])] * len(sched["base_lrs"])
         if "_last_lr" in sched:
-            sched["_last_lr"] = [lr * factor(step)] * len(sched["_last_lr"])
-    for opt in checkpoint.get("optimizer_states") or []:
-        for group in opt["param_groups"]:
-            group["initial_lr"] = lr
-            group["lr"] = lr if step is None else lr * factor(step)
-            group["weight_decay"] = weight_decay
+            sched["_last_lr"] = [fresh["lr"]] * len(sched["_last_lr"])
+    groups = [g for opt in checkpoint.get("optimizer_states") or [] for g in opt["param_groups"]]
+    groups += [g for opt in restored for g in opt.param_groups]
+    for group in groups:
+        group.update({k: fresh[k] for k in ("lr", "initial_lr", "weight_decay") if k in fresh})
+
+
+def _stepped(
+    make_optimizer: Callable[[list[torch.Tensor]], torch.optim.Optimizer],
+    make_scheduler: Callable[[torch.optim.Optimizer], Any] | None,
+    steps: int,
+) -> torch.optim.Optimizer:
+    """A configured optimizer over a stand-in parameter, its scheduler stepped ``steps`` times."""
+    opt = make_optimizer([torch.nn.Parameter(torch.zeros(1))])
+    if make_scheduler is not None:
+        sched = make_scheduler(opt)
+        for _ in range(steps):
+            opt.step()  # no gradient, so no change; the scheduler expects a step first
+            sched.step()
+    return opt

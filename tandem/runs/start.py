@@ -18,12 +18,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 
 from tandem.provenance import record_start
 from tandem.runs import RunRefused
-from tandem.runs.checkpoints import clean_temporaries, newest_verified, step_checkpoints, verify
+from tandem.runs.checkpoints import (
+    clean_temporaries,
+    newest_verified,
+    read_checkpoint,
+    step_checkpoints,
+    verify,
+)
 from tandem.runs.lock import RunLock
 from tandem.runs.resume import (
     CHOICES,
@@ -137,7 +142,7 @@ def checkpoint_step(ckpt: str | None) -> int:
     """The optimizer step a run resumes from (0 for a fresh start)."""
     if ckpt is None:
         return 0
-    state = torch.load(ckpt, map_location="cpu", weights_only=False, mmap=True)
+    state = read_checkpoint(ckpt)
     return int(state.get("global_step", 0))
 
 

@@ -29,7 +29,6 @@ class SentenceSampler(StepSampler):
             later sentence's author with probability ``p``.
         p: the coin's probability of the senior; unused under strict alternation, accepted so
             that sweeps over ``sampler.p`` compose for every sampler.
-        seed: seeds the coin.
         vocab_size: the models' logits width, if wider than the tokenizer.
     """
 
@@ -42,11 +41,8 @@ class SentenceSampler(StepSampler):
         first: str = "senior",
         alternate: bool = True,
         p: float = 0.5,
-        seed: int = 0,
         vocab_size: int | None = None,
     ) -> None:
         if first not in ("senior", "junior"):
             raise ValueError(f"first ({first!r}) must be 'senior' or 'junior'.")
-        super().__init__(
-            tokenizer, first=first, alternate=alternate, p=p, seed=seed, vocab_size=vocab_size
-        )
+        super().__init__(tokenizer, first=first, alternate=alternate, p=p, vocab_size=vocab_size)

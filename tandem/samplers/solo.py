@@ -9,8 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+from torch import Tensor
+
 from tandem.registry import SAMPLERS
-from tandem.samplers.base import Sampler
+from tandem.samplers.base import SENIOR, Handoff, Sampler, State
 
 
 @SAMPLERS.register("solo")
@@ -19,15 +22,20 @@ class SoloSampler(Sampler):
 
     Args:
         tokenizer: unused; accepted so that every sampler is built the same way.
-        seed: seeds the (unused) coin, for a uniform interface.
         vocab_size: unused.
     """
 
     solo = True
     needs_tables = False
 
-    def __init__(self, tokenizer: Any = None, *, seed: int = 0, vocab_size: int | None = None):
-        super().__init__(None, p=1.0, seed=seed, vocab_size=vocab_size)
+    def __init__(self, tokenizer: Any = None, *, vocab_size: int | None = None) -> None:
+        super().__init__(None, p=1.0)
+
+    def start(self, context: Tensor, coins: Tensor) -> Handoff:
+        return Handoff({"author": torch.full_like(context, SENIOR)})
+
+    def step(self, state: State, token: Tensor, coins: Tensor) -> Handoff:
+        return Handoff(state)
 
     def __repr__(self) -> str:
         return "SoloSampler()"

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from tandem.registry import SAMPLERS
-from tandem.samplers.base import JUNIOR, SENIOR, Sampler
+from tandem.samplers.base import JUNIOR, SENIOR, Handoff, Sampler, State
 from tandem.samplers.boundaries import step_end
 
 FIRST = ("senior", "junior", "coin")
@@ -28,6 +28,8 @@ FIRST = ("senior", "junior", "coin")
 class StepSampler(Sampler):
     """Authors take turns by reasoning step.
 
+    State (each ``[N]``): ``author``; ``prev``, the last token; ``rounds``, steps ended so far.
+
     Args:
         tokenizer: the tokenizer both models share (or ``BoundaryTables``).
         first: who writes the first step: ``"senior"``, ``"junior"`` or ``"coin"``.
@@ -36,7 +38,6 @@ class StepSampler(Sampler):
             ``alternate=False``).
         max_rounds: end a row after this many steps (turns), as the authors' handoff
             evaluation does (150); None: no cap.
-        seed: seeds the coin.
         vocab_size: the models' logits width, if wider than the tokenizer.
     """
 
@@ -51,7 +52,6 @@ class StepSampler(Sampler):
         alternate: bool = True,
         p: float = 0.5,
         max_rounds: int | None = None,
-        seed: int = 0,
         vocab_size: int | None = None,
     ) -> None:
         if first not in FIRST:
@@ -60,35 +60,27 @@ class StepSampler(Sampler):
             raise ValueError(
                 f"max_rounds ({max_rounds}) must be at least 1 step, or None for no cap."
             )
-        self.max_rounds = max_rounds
-        super().__init__(tokenizer, p=p, seed=seed, vocab_size=vocab_size)
+        super().__init__(tokenizer, p=p, vocab_size=vocab_size)
         self.first = first
         self.alternate = alternate
+        self.max_rounds = max_rounds
 
-    def start(self, context: Tensor, vocab_size: int) -> None:
-        super().start(context, vocab_size)
-        self.author.fill_(JUNIOR if self.first == "junior" else SENIOR)
-        self._due = torch.full_like(self._drawn, self.first == "coin")  # [N]
-        self.rounds = torch.zeros_like(self.author)  # [N] steps ended so far
-        if self.max_rounds is not None:
-            self.done = torch.zeros_like(self._drawn)
+    def start(self, context: Tensor, coins: Tensor) -> Handoff:
+        named = torch.full_like(context, JUNIOR if self.first == "junior" else SENIOR)
+        author = self.coin(coins) if self.first == "coin" else named
+        return Handoff({"author": author, "prev": context, "rounds": torch.zeros_like(context)})
 
-    def _draw_now(self) -> Tensor:
-        return self._due
-
-    def _after(self, token: Tensor) -> None:
-        end = self.boundary(self._tables, token, self.prev)  # [N]
-        self.rounds += end.long()
-        if self.max_rounds is not None:
-            self.done = self.rounds >= self.max_rounds
-        if self.alternate:
-            self.author = torch.where(end, SENIOR + JUNIOR - self.author, self.author)
-            self._due = torch.zeros_like(end)
-        else:
-            self._due = end
+    def step(self, state: State, token: Tensor, coins: Tensor) -> Handoff:
+        author = state["author"]
+        end = self.boundary(self.bound, token, state["prev"])  # [N]
+        rounds = state["rounds"] + end.long()
+        after = SENIOR + JUNIOR - author if self.alternate else self.coin(coins)
+        new = {"author": torch.where(end, after, author), "prev": token, "rounds": rounds}
+        done = None if self.max_rounds is None else rounds >= self.max_rounds
+        return Handoff(new, done=done)
 
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(first={self.first!r}, alternate={self.alternate}, "
-            f"p={self.p}, max_rounds={self.max_rounds}, seed={self.seed})"
+            f"p={self.p}, max_rounds={self.max_rounds})"
         )

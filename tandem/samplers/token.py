@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from tandem.registry import SAMPLERS
-from tandem.samplers.base import Sampler
+from tandem.samplers.base import Handoff, Sampler, State
 
 
 @SAMPLERS.register("token")
@@ -23,21 +22,16 @@ class TokenSampler(Sampler):
     Args:
         tokenizer: unused; accepted so that every sampler is built the same way.
         p: the probability that the senior writes a given token.
-        seed: seeds the coin.
         vocab_size: unused.
     """
 
     needs_tables = False
 
-    def __init__(
-        self,
-        tokenizer: Any = None,
-        *,
-        p: float = 0.5,
-        seed: int = 0,
-        vocab_size: int | None = None,
-    ) -> None:
-        super().__init__(None, p=p, seed=seed, vocab_size=vocab_size)
+    def __init__(self, tokenizer: Any = None, *, p: float = 0.5, vocab_size: int | None = None):
+        super().__init__(None, p=p)
 
-    def _draw_now(self) -> Tensor:
-        return torch.ones_like(self._drawn)
+    def start(self, context: Tensor, coins: Tensor) -> Handoff:
+        return Handoff({"author": self.coin(coins)})
+
+    def step(self, state: State, token: Tensor, coins: Tensor) -> Handoff:
+        return Handoff({"author": self.coin(coins)})

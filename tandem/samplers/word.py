@@ -10,10 +10,11 @@ begins here. At each step:
 
 1. the current author ``a`` proposes a token ``x`` from its sampling distribution;
 2. if ``x`` begins a word, the word ``a`` was writing is over and a coin draws the next word's
-   author ``c`` (senior with probability ``p``). If ``c == a``, ``x`` is emitted. Otherwise ``c``
-   draws its own token from its sampling distribution *restricted to tokens that begin a word
-   here* (renormalised; temperature, top-k and top-p apply after the restriction), so that the
-   new author starts a new word rather than finishing ``a``'s;
+   author ``c`` (senior with probability ``p``). If ``c == a``, ``x`` is emitted. Otherwise
+   ``step`` retracts ``x``, and ``c`` draws its own token from its sampling distribution
+   *restricted to tokens that begin a word here* (``allowed``; renormalised; temperature, top-k
+   and top-p apply after the restriction), so that the new author starts a new word rather than
+   finishing ``a``'s;
 3. otherwise ``x`` is emitted and ``a`` keeps the pen.
 
 So the author changes only at word onsets, every emitted onset is a coin, and each word is
@@ -54,7 +55,7 @@ import torch
 from torch import Tensor
 
 from tandem.registry import SAMPLERS
-from tandem.samplers.base import Handoff, Sampler
+from tandem.samplers.base import Handoff, Sampler, State
 from tandem.samplers.boundaries import (
     leading_space,
     onset_candidates,
@@ -74,6 +75,10 @@ BOUNDARIES = {
 class WordSampler(Sampler):
     """A coin with probability ``p`` of the senior at every word onset.
 
+    State (each ``[N]``): ``author``; ``prev``, the last token; ``since``, tokens since the last
+    coin; ``fresh``, whether a coin already fell for the next token (so that an onset there
+    draws none).
+
     Args:
         tokenizer: the tokenizer both models share (or ``BoundaryTables``).
         p: the probability that the senior writes a given word.
@@ -81,7 +86,6 @@ class WordSampler(Sampler):
         rule: ``"onset"`` (the coin at the onset decides who writes it) or
             ``"after_boundary"`` (the coin is redrawn after an onset is emitted).
         boundary: where words begin: ``"onset"`` or ``"leading_space"`` (the authors' code).
-        seed: seeds the coin.
         vocab_size: the models' logits width, if wider than the tokenizer.
     """
 
@@ -93,7 +97,6 @@ class WordSampler(Sampler):
         max_gap_tokens: int = 32,
         rule: str = "onset",
         boundary: str = "onset",
-        seed: int = 0,
         vocab_size: int | None = None,
     ) -> None:
         if rule not in RULES:
@@ -108,42 +111,45 @@ class WordSampler(Sampler):
                 f"max_gap_tokens ({max_gap_tokens}) must be at least 1: it is the longest run of "
                 "tokens between two coins."
             )
-        super().__init__(tokenizer, p=p, seed=seed, vocab_size=vocab_size)
+        super().__init__(tokenizer, p=p, vocab_size=vocab_size)
         self.max_gap_tokens = max_gap_tokens
         self.rule = rule
         self.boundary = boundary
         self._begins, self._candidates = BOUNDARIES[boundary]
 
-    def start(self, context: Tensor, vocab_size: int) -> None:
-        super().start(context, vocab_size)
-        n = context.shape[0]
-        self._since = torch.zeros(n, dtype=torch.long, device=context.device)  # [N] since a coin
-        self._due = torch.ones(n, dtype=torch.bool, device=context.device)  # [N] first token
+    def start(self, context: Tensor, coins: Tensor) -> Handoff:
+        # the first response token's author is always a coin
+        state = {"author": self.coin(coins), "prev": context, "since": torch.zeros_like(context)}
+        return Handoff({**state, "fresh": torch.ones_like(context, dtype=torch.bool)})
 
-    def _draw_now(self) -> Tensor:
-        return self._due | (self._since >= self.max_gap_tokens)
-
-    def decide(self, proposal: Tensor) -> Handoff:
-        if self.rule != "onset":
-            return super().decide(proposal)
-        onset = self._begins(self._tables, proposal, self.prev) & ~self._drawn  # [N]
-        assert self._coin is not None, "decide() must follow propose() in the same step"
-        author = torch.where(onset, self._coin, self.author)
-        resample = onset & (author != self.author)
-        self._drawn = self._drawn | onset
-        self.author = author
-        allowed = self._candidates(self._tables, self.prev[resample]) if resample.any() else None
-        return Handoff(author, resample, allowed)
-
-    def _after(self, token: Tensor) -> None:
-        self._since = torch.where(self._drawn, 1, self._since + 1)
+    def step(self, state: State, token: Tensor, coins: Tensor) -> Handoff:
+        author, prev, fresh = state["author"], state["prev"], state["fresh"]
+        begins = self._begins(self.bound, token, prev)  # [N]
+        coin = self.coin(coins)  # [N] at most one coin falls per call, so one suffices
+        onset = begins & ~fresh if self.rule == "onset" else torch.zeros_like(begins)
+        retract = onset & (coin != author)  # a word the other author won
+        since = torch.where(fresh | onset, 1, state["since"] + 1)
+        due = since >= self.max_gap_tokens  # [N] the coin falls before the next token
         if self.rule == "after_boundary":
-            self._due = self._begins(self._tables, token, self.prev)
-        else:
-            self._due = torch.zeros_like(self._due)
+            due |= begins
+        kept = {
+            "author": torch.where(due, coin, author),
+            "prev": token,
+            "since": since,
+            "fresh": due,
+        }
+        if self.rule == "after_boundary":
+            return Handoff(kept)
+        # a retracted row stays where it was, its coin fallen: the new author writes the onset
+        lost = {"author": coin, "prev": prev, "since": state["since"], "fresh": retract}
+        new = {k: torch.where(retract, lost[k], v) for k, v in kept.items()}
+        return Handoff(new, retract=retract)
+
+    def allowed(self, state: State) -> Tensor:
+        return self._candidates(self.bound, state["prev"])  # [N, V] the word onsets here
 
     def __repr__(self) -> str:
         return (
             f"WordSampler(p={self.p}, max_gap_tokens={self.max_gap_tokens}, rule={self.rule!r}, "
-            f"boundary={self.boundary!r}, seed={self.seed})"
+            f"boundary={self.boundary!r})"
         )

@@ -167,3 +167,17 @@ def test_flatten_takes_the_mean_over_the_study_sets() -> None:
     results = {"sets": {s: {"solo/pass@1": float(i)} for i, s in enumerate(paper.sets)}}
     results["sets"]["aime24"]["only/here"] = 1.0
     assert flatten(results, paper) == {"solo/pass@1": 2.0}, "metrics of every set, averaged"
+
+
+def test_each_choice_of_senior_has_its_own_evaluation(tmp_path: Path) -> None:
+    from tandem.analysis.study import Run
+
+    run = Run(tmp_path / "trl-seed0", "trl", 0, 60)
+    (run.path / "checkpoints").mkdir(parents=True)
+    assert run.evaluated("selected") == (str(run.senior), run.senior, run.path / "eval")
+    (run.path / "checkpoints" / "best-20.ckpt").write_bytes(b"")
+    (run.path / "checkpoints" / "best-100.ckpt").write_bytes(b"")
+    source, senior, out = run.evaluated("selected")
+    assert source.endswith("best-100.ckpt") and senior == out / "senior" == run.path / "eval/senior"
+    # the last step's evaluation never reuses the selected one's results
+    assert run.evaluated("last") == (str(run.senior), run.senior, run.path / "eval_last")

@@ -17,9 +17,9 @@ from tandem.samplers.boundaries import step_end, word_onset
 
 SAMPLERS = {
     "solo": lambda tok: SoloSampler(),
-    "token": lambda tok: TokenSampler(p=0.5, seed=1),
-    "word": lambda tok: WordSampler(tok, p=0.5, seed=1),
-    "word_after_boundary": lambda tok: WordSampler(tok, p=0.5, seed=1, rule="after_boundary"),
+    "token": lambda tok: TokenSampler(p=0.5),
+    "word": lambda tok: WordSampler(tok, p=0.5),
+    "word_after_boundary": lambda tok: WordSampler(tok, p=0.5, rule="after_boundary"),
     "sentence": lambda tok: SentenceSampler(tok),
     "step": lambda tok: StepSampler(tok),
 }
@@ -100,7 +100,7 @@ def test_logprobs_match_teacher_forcing(name, senior, junior, prompts, tokenizer
     "knobs", [dict(temperature=0.7), dict(temperature=0.7, top_k=20, top_p=0.9), dict(top_p=0.8)]
 )
 def test_word_handoffs_under_sampling_knobs(knobs, senior, junior, prompts, tokenizer):
-    sampler = WordSampler(tokenizer, p=0.5, seed=2)
+    sampler = WordSampler(tokenizer, p=0.5)
     params = SamplingParams(max_new_tokens=20, samples_per_prompt=2, seed=3, **knobs)
     r = generate(senior, junior, prompts, sampler, params, tokenizer=tokenizer)
     for model, recorded in ((senior, r.senior_logprobs), (junior, r.junior_logprobs)):
@@ -112,7 +112,7 @@ def test_word_handoffs_under_sampling_knobs(knobs, senior, junior, prompts, toke
 
 
 def test_solo_without_a_junior(senior, prompts, tokenizer):
-    params = SamplingParams(max_new_tokens=12, samples_per_prompt=2, seed=2)
+    params = SamplingParams(max_new_tokens=12, samples_per_prompt=2)
     r = generate(senior, None, prompts, None, params, tokenizer=tokenizer)
     assert r.junior_logprobs is None and (r.authors[r.mask] == SENIOR).all()
     assert (r.senior_logprobs - teacher_forced(senior, r)).abs().max() < 1e-4
@@ -121,7 +121,7 @@ def test_solo_without_a_junior(senior, prompts, tokenizer):
 
 @pytest.mark.parametrize("name", ["word", "word_after_boundary", "token"])
 def test_p1_tandem_equals_solo(name, senior, junior, prompts, tokenizer):
-    params = SamplingParams(max_new_tokens=20, samples_per_prompt=2, seed=9)
+    params = SamplingParams(max_new_tokens=20, samples_per_prompt=2)
     solo = generate(senior, None, prompts, None, params)
     sampler = SAMPLERS[name](tokenizer)
     sampler.p = 1.0
@@ -135,32 +135,27 @@ def test_p1_tandem_equals_solo(name, senior, junior, prompts, tokenizer):
 
 
 def test_same_seed_same_rollouts(senior, junior, prompts, tokenizer):
-    params = SamplingParams(max_new_tokens=16, seed=3)
+    params = SamplingParams(max_new_tokens=16)
 
     def run(sampler, p=params):
         return generate(senior, junior, prompts, sampler, p)
 
-    a, b = run(WordSampler(tokenizer, seed=7)), run(WordSampler(tokenizer, seed=7))
+    # the sampler holds no state between calls: the seed alone decides tokens and coins
+    sampler = WordSampler(tokenizer)
+    a, b = run(sampler), run(sampler)
     for field in ("tokens", "authors", "senior_logprobs", "junior_logprobs", "lengths"):
         assert torch.equal(getattr(a, field), getattr(b, field)), field
-    other = run(WordSampler(tokenizer, seed=7), SamplingParams(max_new_tokens=16, seed=4))
+    other = run(sampler, SamplingParams(max_new_tokens=16, seed=4))
     assert not torch.equal(other.tokens, a.tokens)
-    # a sampler's coins carry on across calls; restoring its state replays them
-    sampler = WordSampler(tokenizer, seed=7)
-    run(sampler)
-    state = sampler.state_dict()
-    second = run(sampler)
-    assert not torch.equal(second.authors, a.authors)
-    sampler.load_state_dict(state)
-    assert torch.equal(run(sampler).authors, second.authors)
+    assert not torch.equal(other.authors, a.authors)
 
 
 def test_samples_per_prompt_share_the_prefill(senior, junior, prompts, tokenizer):
-    grouped = SamplingParams(max_new_tokens=12, samples_per_prompt=3, seed=1)
-    flat = SamplingParams(max_new_tokens=12, samples_per_prompt=1, seed=1)
+    grouped = SamplingParams(max_new_tokens=12, samples_per_prompt=3)
+    flat = SamplingParams(max_new_tokens=12, samples_per_prompt=1)
     repeated = [p for p in prompts for _ in range(3)]
-    a = generate(senior, junior, prompts, WordSampler(tokenizer, seed=2), grouped)
-    b = generate(senior, junior, repeated, WordSampler(tokenizer, seed=2), flat)
+    a = generate(senior, junior, prompts, WordSampler(tokenizer), grouped)
+    b = generate(senior, junior, repeated, WordSampler(tokenizer), flat)
     assert torch.equal(a.tokens, b.tokens) and torch.equal(a.authors, b.authors)
     assert torch.allclose(a.junior_logprobs, b.junior_logprobs, atol=1e-5)
     assert torch.equal(a.prompt_index, torch.arange(len(prompts)).repeat_interleave(3))
@@ -192,7 +187,7 @@ def test_greedy_and_truncation(senior, prompts):
 
 
 def test_word_statistics_in_generation(senior, junior, prompts, tokenizer):
-    sampler = WordSampler(tokenizer, p=0.5, seed=5)
+    sampler = WordSampler(tokenizer, p=0.5)
     params = SamplingParams(max_new_tokens=40, samples_per_prompt=8, seed=6, eos_token_ids=())
     r = generate(senior, junior, prompts, sampler, params)
     tables = sampler.tables
@@ -235,8 +230,8 @@ def test_junior_on_another_device(senior, junior, prompts, tokenizer):
     import copy
 
     far = copy.deepcopy(junior).to("cuda")
-    params = SamplingParams(max_new_tokens=16, samples_per_prompt=2, seed=1)
-    r = generate(senior, far, prompts, WordSampler(tokenizer, seed=1), params)
+    params = SamplingParams(max_new_tokens=16, samples_per_prompt=2)
+    r = generate(senior, far, prompts, WordSampler(tokenizer), params)
     assert (r.senior_logprobs - teacher_forced(senior, r)).abs().max() < 1e-4
     assert (r.junior_logprobs - teacher_forced(junior, r)).abs().max() < 1e-3
 

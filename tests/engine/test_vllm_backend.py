@@ -74,7 +74,7 @@ def max_error(r: Rollouts, senior, junior) -> float:
 
 def test_solo_matches_teacher_forcing(backend, senior, junior, prompts, tokenizer):
     eos = (2, 7, 11)  # extra EOS ids so that some rows stop early
-    params = SamplingParams(max_new_tokens=24, samples_per_prompt=2, seed=5, eos_token_ids=eos)
+    params = SamplingParams(max_new_tokens=24, samples_per_prompt=2, eos_token_ids=eos)
     r = backend.generate(prompts, None, params, junior=True)
     check_rows(r, prompts, params, eos, tokenizer)
     assert (r.authors[r.mask] == SENIOR).all()
@@ -83,14 +83,14 @@ def test_solo_matches_teacher_forcing(backend, senior, junior, prompts, tokenize
     assert (r.senior_logprobs - r.junior_logprobs)[r.mask].abs().max() > 0.1
     again = backend.generate(prompts, None, params)
     assert again.junior_logprobs is None and torch.equal(again.tokens, r.tokens)
-    other = backend.generate(prompts, None, SamplingParams(max_new_tokens=24, seed=6))
+    other = backend.generate(prompts, None, SamplingParams(max_new_tokens=24))
     assert not torch.equal(other.tokens[:, :8], r.tokens[::2, :8])
 
 
 @pytest.mark.parametrize("rule", ["onset", "after_boundary"])
 def test_word_tandem_matches_teacher_forcing(rule, backend, senior, junior, prompts, tokenizer):
-    sampler = WordSampler(tokenizer, p=0.5, seed=3, rule=rule, max_gap_tokens=2)
-    params = SamplingParams(max_new_tokens=32, samples_per_prompt=2, seed=4)
+    sampler = WordSampler(tokenizer, p=0.5, rule=rule, max_gap_tokens=2)
+    params = SamplingParams(max_new_tokens=32, samples_per_prompt=2)
     r = backend.generate(prompts, sampler, params)
     check_rows(r, prompts, params, (2,), tokenizer)
     assert r.junior_mask.any() and r.senior_mask.any()
@@ -129,9 +129,9 @@ def word_statistics(r: Rollouts, sampler: WordSampler) -> tuple[int, int, int]:
 def test_word_statistics_agree_with_torch(p, backend, senior, junior, prompts, tokenizer):
     """The senior's share of words and the share of onsets where the pen changes hands: both
     engines against the process's values, within 3.3 binomial standard deviations."""
-    params = SamplingParams(max_new_tokens=40, samples_per_prompt=8, seed=6, eos_token_ids=())
+    params = SamplingParams(max_new_tokens=40, samples_per_prompt=8, eos_token_ids=())
     for name in ("vllm", "torch"):
-        sampler = WordSampler(tokenizer, p=p, seed=5, max_gap_tokens=1000)
+        sampler = WordSampler(tokenizer, p=p, max_gap_tokens=1000)
         if name == "vllm":
             r = backend.generate(prompts, sampler, params)
         else:
@@ -147,7 +147,7 @@ def test_word_statistics_agree_with_torch(p, backend, senior, junior, prompts, t
 
 def test_step_alternation(backend, prompts, tokenizer):
     sampler = StepSampler(tokenizer)
-    params = SamplingParams(max_new_tokens=64, samples_per_prompt=2, seed=8, eos_token_ids=())
+    params = SamplingParams(max_new_tokens=64, samples_per_prompt=2, eos_token_ids=())
     r = backend.generate(prompts, sampler, params)
     prev = torch.cat([r.prompt_tokens[:, -1:], r.tokens[:, :-1]], dim=1)
     ended = step_end(sampler.tables, r.tokens, prev)[:, :-1]
@@ -160,7 +160,7 @@ def test_weights_load_in_place(junior_folder, senior, junior, prompts, tokenizer
     """New weights reach the running engine (not its prefix cache of the old ones), and the
     step they come from is what the backend reports."""
     backend = VLLMBackend("tiny", None, tokenizer, max_model_len=512)
-    params = SamplingParams(max_new_tokens=12, seed=1)
+    params = SamplingParams(max_new_tokens=12)
     before = backend.generate(prompts, None, params)
     assert backend.weights_step == -1
     assert (before.senior_logprobs - forced(senior, before)).abs().max() < TOLERANCE

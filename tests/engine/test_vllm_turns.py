@@ -1,66 +1,89 @@
-"""Turns (the vLLM backend's view of a handoff sampler) and the backend fallback; no vLLM needed.
+"""The vLLM backend's turns and its fallback; no vLLM needed.
 
-The scalar boundary rules that turns use inside a request must be the samplers' rules exactly,
-and the number of coins an author keeps the pen for must be geometric in the coin's odds.
+A tandem rollout on vLLM is cut into turns: the logits processor steps the sampler over each
+request's tokens and stops it at the handover, and the backend replays the same steps to cut the
+output. Both must give exactly the schedule that stepping the sampler token by token gives, with
+the same coins, whatever the author would have written after the cut.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import logging
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from tandem.engine import TorchBackend, build_backend
+from tandem.engine import SamplingParams, TorchBackend, build_backend
 from tandem.engine import backend as backend_module
-from tandem.engine.turns import Schedule, TurnTables
-from tandem.samplers import SENIOR, SoloSampler, StepSampler, WordSampler
-from tandem.samplers.boundaries import leading_space, sentence_end, step_end, word_onset
+from tandem.engine.vllm_backend import VLLMBackend, _Replay, _Row, _Turn
+from tandem.samplers import SENIOR, StepSampler, TokenSampler, WordSampler
 
 
-def test_scalar_rules_are_the_samplers_rules(tokenizer):
-    sampler = WordSampler(tokenizer)
-    tables = TurnTables(sampler.tables)
-    v = sampler.tables.size
-    token = torch.arange(v).repeat(v)  # every (prev, token) pair of the vocabulary
-    prev = torch.arange(v).repeat_interleave(v)
-    rules = (
-        ("word", word_onset),
-        ("space", leading_space),
-        ("step", step_end),
-        ("sentence", sentence_end),
-    )
-    for name, rule in rules:
-        expected = rule(sampler.tables, token, prev).view(v, v)  # [prev, token]
-        scalar = getattr(tables, name)
-        got = torch.tensor([[bool(scalar(t, p)) for t in range(v)] for p in range(v)])
-        assert torch.equal(got, expected), name
-        assert expected.any(), f"the tiny vocabulary has no {name} boundary to check"
-    allowed = tables.allowed_after(int(prev[5]))
-    assert torch.equal(allowed, word_onset(sampler.tables, torch.arange(v), prev[5].expand(v)))
+def reference(sampler, context: int, script: list[int], coins, first_coin):
+    """Step the sampler over ``script`` as the torch engine does; retracted tokens are dropped
+    and the script's next token is the redraw. Returns the kept ``(token, author)`` pairs."""
+    handoff = sampler.start(torch.tensor([context]), first_coin.view(1))
+    kept, position, retracted = [], 0, False
+    for token in script:
+        author = int(handoff.author)
+        coin = coins[position, int(retracted)].view(1)
+        handoff = sampler.step(handoff.state, torch.tensor([token]), coin)
+        retracted = handoff.retract is not None and bool(handoff.retract[0])
+        if not retracted:
+            kept.append((token, author))
+            position += 1
+            if handoff.done is not None and bool(handoff.done[0]):
+                break
+    return kept
 
 
-@pytest.mark.parametrize("p", [0.5, 0.8])
-def test_turn_lengths_are_geometric(p, tokenizer):
-    """An author keeps the pen for K coins with P(K >= k) = q^k, q the odds of being redrawn."""
-    schedule = Schedule(WordSampler(tokenizer, p=p, seed=0))
-    n = 20_000
-    keeps = torch.tensor([schedule.turn(SENIOR, 0).keep for _ in range(n)], dtype=torch.float)
-    mean, var = p / (1 - p), p / (1 - p) ** 2  # the geometric law on {0, 1, ...}
-    assert abs(keeps.mean() - mean) < 4 * (var / n) ** 0.5
-    assert abs((keeps >= 2).float().mean() - p**2) < 4 * (p**2 * (1 - p**2) / n) ** 0.5
-    firsts = torch.tensor([schedule.first_author() for _ in range(n)], dtype=torch.float)
-    assert abs((firsts == SENIOR).float().mean() - p) < 4 * (p * (1 - p) / n) ** 0.5
+def in_turns(sampler, context: int, script: list[int], coins, first_coin, vocab: int):
+    """The same through the backend: each request writes the rest of the script until the
+    processor ends its turn, and the backend's replay keeps what the turn holds."""
+    backend = object.__new__(VLLMBackend)  # only its replay, no engine
+    handoff = sampler.start(torch.tensor([context]), first_coin.view(1))
+    row = _Row([context], 1, turn=_Turn(sampler, handoff.state, coins, 0, stop=0))
+    params, used, requests = SamplingParams(max_new_tokens=len(script), eos_token_ids=()), 0, 0
+    while row.stop is None and used < len(script):
+        output: list[int] = []  # what the engine writes, read by the processor as it grows
+        replay = _Replay(_Turn(**vars(row.turn)), output)
+        for token in script[used:]:
+            replay.advance(vocab)
+            if replay.ended:
+                break  # the processor forces the stop id here
+            output.append(token)
+        lps = [{t: SimpleNamespace(logprob=0.0)} for t in output]
+        backend._turn(row, SimpleNamespace(token_ids=output, logprobs=lps), params, ())
+        used, requests = used + len(output), requests + 1
+    return list(zip(row.tokens, row.authors, strict=True)), requests
 
 
-def test_schedules(tokenizer):
-    authors = Schedule(WordSampler(tokenizer, rule="after_boundary", boundary="leading_space"))
-    assert (authors.boundary, authors.rule, authors.max_gap) == ("space", "after", 32)
-    step = Schedule(StepSampler(tokenizer))
-    assert step.first_author() == SENIOR and step.turn(SENIOR, 0).keep == 0  # alternation
-    with pytest.raises(NotImplementedError, match="torch backend"):
-        Schedule(SoloSampler())
+SAMPLERS = {
+    "word": lambda tok: WordSampler(tok, p=0.5, max_gap_tokens=3),
+    "word_authors": lambda tok: WordSampler(tok, rule="after_boundary", boundary="leading_space"),
+    "token": lambda tok: TokenSampler(p=0.3),
+    "step": lambda tok: StepSampler(tok, max_rounds=3),
+    "step_coin": lambda tok: StepSampler(tok, first="coin", alternate=False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLERS))
+def test_turns_give_the_samplers_schedule(name, tokenizer):
+    sampler = SAMPLERS[name](tokenizer)
+    sampler.bind(len(tokenizer), "cpu")
+    text = "We add 12 and 30.\n\nThen 42 - 2 = 40, so the answer is 40.\n\nDone: \\boxed{40}."
+    script = tokenizer(text * 2).input_ids
+    context = tokenizer("Q:\n").input_ids[-1]
+    g, handovers = torch.Generator().manual_seed(0), 0
+    for _ in range(5):
+        first, coins = torch.rand(1, generator=g), torch.rand(len(script), 2, generator=g)
+        expected = reference(sampler, context, script, coins, first)
+        got, requests = in_turns(sampler, context, script, coins, first, len(tokenizer))
+        assert got == expected
+        handovers += requests - 1
+    assert handovers > 0, "the schedule never handed over: nothing was checked"
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed")

@@ -109,5 +109,15 @@ def test_every_metric_is_registered() -> None:
         "overlap",
         "senior_share",
         "handoffs",
+        "reward_by_author",
     }
     assert names <= set(METRICS.names())
+
+
+def test_reward_by_majority_author() -> None:
+    m = METRICS.build("reward_by_author")
+    # a tie (half each) counts for the senior, as the training log always counted it
+    authors = torch.tensor([[1, 0, -1], [1, 1, 0], [0, 0, 1], [0, 0, 0]])
+    m.update(authors, torch.tensor([1.0, 0.0, 1.0, 1.0]))
+    got = {k: float(v) for k, v in m.compute().items()}
+    assert got == {"reward_senior_majority": 0.5, "reward_junior_majority": 1.0}

@@ -31,7 +31,7 @@ TINY = [
     "validation.size=4",
     "logger=csv",
     "checkpoint_every_n_steps=1",
-    "module.lr=1e-3",
+    "module.optimizer.lr=1e-3",
     # 24 tokens cannot reach an answer, so rewards are all 0 and GRPO's advantages vanish;
     # the imitation term keeps a gradient flowing so that these runs move the senior
     "module.loss.lambda_jun=0.1",
@@ -109,6 +109,8 @@ def test_several_updates_per_batch_of_rollouts(tmp_path: Path) -> None:
             "module.num_iterations=2",
             "module.mini_batches=2",
             "checkpoint_every_n_steps=100",
+            # counted in optimizer steps: the one batch's 4 steps are a validation's due
+            "validation.every_n_steps=4",
         )
     )
     ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
@@ -117,6 +119,7 @@ def test_several_updates_per_batch_of_rollouts(tmp_path: Path) -> None:
     (row,) = [r for r in metrics_rows(tmp_path) if r.get("train/reward")]
     # the second pass sees weights the first pass moved: the mean ratio leaves 1
     assert float(row["train/ratio_mean"]) != 1.0
+    assert [r for r in metrics_rows(tmp_path) if r.get("val/tandem/accuracy")]
 
 
 @pytest.mark.parametrize("sampler", ["solo", "sentence"])
@@ -220,7 +223,7 @@ def test_grpo_learns_a_fixed_set_of_prompts(tmp_path: Path) -> None:
         "group_size=8",
         "generation.max_new_tokens=160",
         "module.loss.lambda_jun=0",
-        "module.lr=1e-4",
+        "module.optimizer.lr=1e-4",
         "validation.every_n_steps=1000",
         "threads=1",
         "data.sizes={train:8,validation:8}",
@@ -250,9 +253,15 @@ def test_kl_reg_arm_is_not_plain_grpo(tmp_path: Path) -> None:
 
 
 def test_resume_honours_a_new_lr_and_refuses_a_change_of_meaning(tmp_path: Path) -> None:
-    fast = ["validation.every_n_steps=100", "module.warmup_steps=5"]
+    fast = [
+        "validation.every_n_steps=100",
+        "module.scheduler.total_iters=4",
+        "module.scheduler.start_factor=0.2",
+    ]
     run(config(tmp_path, *fast, "trainer.max_steps=2"))
-    run(config(tmp_path, *fast, "trainer.max_steps=3", "ckpt_path=last", "module.lr=5e-4"))
+    run(
+        config(tmp_path, *fast, "trainer.max_steps=3", "ckpt_path=last", "module.optimizer.lr=5e-4")
+    )
     ckpt = torch.load(tmp_path / "checkpoints" / "step-3.ckpt", weights_only=False)
     # the optimizer trains with the new lr (3 steps into a 5-step warmup), not the restored one
     assert ckpt["lr_schedulers"][0]["base_lrs"] == [5e-4]
@@ -261,7 +270,10 @@ def test_resume_honours_a_new_lr_and_refuses_a_change_of_meaning(tmp_path: Path)
         (row,) = [r for r in csv.DictReader(f) if r.get("train/reward")]
     assert float(row["train/lr"]) == pytest.approx(5e-4 * 4 / 5)
     starts = json.loads((tmp_path / "run_info.json").read_text())["starts"]
-    assert starts[1]["changes"] == {"module.lr": [1e-3, 5e-4], "trainer.max_steps": [2, 3]}
+    assert starts[1]["changes"] == {
+        "module.optimizer.lr": [1e-3, 5e-4],
+        "trainer.max_steps": [2, 3],
+    }
     assert (tmp_path / starts[1]["config"]).is_file()
     with pytest.raises(RunRefused, match=r"batch_size: 8 -> 16.*sampler.p: 0.5 -> 0.3"):
         run(
@@ -270,13 +282,13 @@ def test_resume_honours_a_new_lr_and_refuses_a_change_of_meaning(tmp_path: Path)
                 *fast,
                 "trainer.max_steps=3",
                 "ckpt_path=last",
-                "module.lr=5e-4",
+                "module.optimizer.lr=5e-4",
                 "batch_size=16",
                 "sampler.p=0.3",
             )
         )
     with pytest.raises(RunRefused, match="ckpt_path=null but run_name"):
-        run(config(tmp_path, *fast, "trainer.max_steps=3", "module.lr=5e-4"))
+        run(config(tmp_path, *fast, "trainer.max_steps=3", "module.optimizer.lr=5e-4"))
     # insisting is possible, and recorded (max_steps reached: nothing more trains)
     run(
         config(
@@ -284,7 +296,7 @@ def test_resume_honours_a_new_lr_and_refuses_a_change_of_meaning(tmp_path: Path)
             *fast,
             "trainer.max_steps=3",
             "ckpt_path=last",
-            "module.lr=5e-4",
+            "module.optimizer.lr=5e-4",
             "sampler.p=0.3",
             "resume_changes=allow",
         )

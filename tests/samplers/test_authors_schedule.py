@@ -77,14 +77,15 @@ def test_handoffs_fall_where_the_authors_rule_says(qwen_tokenizer, p: float) -> 
     rows = 256
     sampler = authors_sampler(qwen_tokenizer, p)
     newline = qwen_tokenizer.convert_tokens_to_ids("Ċ")
-    sampler.start(torch.full((rows,), newline), len(qwen_tokenizer))
+    sampler.bind(len(qwen_tokenizer), "cpu")
+    g = torch.Generator().manual_seed(0)
+    handoff = sampler.start(torch.full((rows,), newline), torch.rand(rows, generator=g))
     authors = []
     for tid in tokens:
-        sampler.propose()
-        handoff = sampler.decide(torch.full((rows,), tid))
-        assert not handoff.resample.any(), "no proposal is redrawn at a switch"
-        sampler.observe(torch.full((rows,), tid), handoff.authors)
-        authors.append(handoff.authors)
+        authors.append(handoff.author)
+        token = torch.full((rows,), tid)
+        handoff = sampler.step(handoff.state, token, torch.rand(rows, generator=g))
+        assert handoff.retract is None, "no proposal is redrawn at a switch"
     authors = torch.stack(authors, 1)  # [rows, T]
     moved = changed(authors)  # [rows, T-1]: position t's author differs from t-1's
     at = coins[1:].expand_as(moved)

@@ -1,0 +1,248 @@
+"""The senior sharded with FSDP2 (``fully_shard``) through Lightning's ``ModelParallelStrategy``.
+
+``FSDP2Strategy`` is ``ModelParallelStrategy`` with the fully-sharded data parallel recipe as
+config keys (mixed precision, CPU offload, resharding after forward) and two things a run here
+needs that Lightning leaves to the user:
+
+- ``shard(model)``: ``fully_shard`` on every decoder layer, then on the model itself. The
+  LightningModule calls it from ``configure_model`` (the hook where ``ModelParallelStrategy``
+  wants parallelism applied), so the module holds no distributed setting of its own.
+- distributed checkpoints (a folder, one file per rank plus ``meta.pt``) written under a
+  temporary name, given a checksum file, and renamed into place, as ``AtomicCheckpointIO`` does
+  for single files (the strategy writes folders itself, bypassing the ``CheckpointIO``).
+
+``gathered(model)`` keeps a sharded model's full parameters for the length of a ``with`` block:
+generation all-gathers once per rollout, not once per token. ``full_state_dict(model)`` gathers
+the whole state dict (a collective: every rank calls it) for export and weight syncs.
+
+The junior is never sharded: ``JuniorCallback`` holds it outside the module, whole on each rank.
+
+What this file leaves out: which checkpoint a start resumes from (``tandem.runs``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.pytorch.strategies import ModelParallelStrategy
+from torch import nn
+
+from tandem.modules.models import DTYPES
+from tandem.runs.checkpoints import write_folder_checksums
+from tandem.runs.faults import fault_point
+
+# what each sharded model was configured with, for ``gathered`` to restore
+_RESHARD: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
+
+
+class FSDP2Strategy(ModelParallelStrategy):
+    """Fully sharded data parallel (FSDP2) over every process, as config keys.
+
+    Args:
+        layers: class names of the modules sharded one by one (None: the model's own
+            ``_no_split_modules``, e.g. ``Qwen3DecoderLayer``).
+        param_dtype: dtype parameters are gathered and computed in (None: as stored). Keep
+            ``trainer.precision: 32-true`` with it: FSDP2 casts, and the master weights, the
+            gradients' reduction and AdamW stay in ``reduce_dtype`` / float32.
+        reduce_dtype: dtype gradients are reduced in (None: ``param_dtype``).
+        cpu_offload: keep the sharded parameters, gradients and optimizer state in host memory
+            (GPUs only: it trades step time for device memory).
+        reshard_after_forward: free each layer's gathered parameters after its forward (less
+            memory) rather than keep them for backward (one all-gather fewer per layer).
+        activation_checkpointing: keep only each layer's input from the forward pass and
+            recompute the rest in backward (about a third more compute for far less activation
+            memory on long rollouts), through the model's own ``gradient_checkpointing_enable``.
+        save_distributed_checkpoint: each rank writes its shards (a checkpoint is a folder) or
+            rank 0 gathers everything into one file.
+        process_group_backend: ``gloo``, ``nccl``, ... (None: Lightning's choice per device).
+        timeout: how long a collective waits before the run fails.
+
+    Data parallel over all processes, no tensor parallelism (``ModelParallelStrategy`` offers
+    it; the data module and the engine assume every rank is a data shard).
+    """
+
+    def __init__(
+        self,
+        layers: list[str] | None = None,
+        param_dtype: str | None = None,
+        reduce_dtype: str | None = None,
+        cpu_offload: bool = False,
+        reshard_after_forward: bool = True,
+        activation_checkpointing: bool = False,
+        save_distributed_checkpoint: bool = True,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = default_pg_timeout,
+    ) -> None:
+        for key, value in (("param_dtype", param_dtype), ("reduce_dtype", reduce_dtype)):
+            if value is not None and value not in DTYPES:
+                raise ValueError(
+                    f"strategy.{key} ({value!r}) must be one of {sorted(DTYPES)} or null: the "
+                    f"dtype FSDP2 casts to. Set trainer.strategy.{key}=bfloat16 on GPUs."
+                )
+        # data parallel size is set once the world size is known (setup_environment)
+        super().__init__(
+            data_parallel_size="auto",
+            tensor_parallel_size=1,
+            save_distributed_checkpoint=save_distributed_checkpoint,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+        )
+        self.layers, self.cpu_offload = layers, cpu_offload
+        self.param_dtype, self.reduce_dtype = param_dtype, reduce_dtype
+        self.reshard_after_forward = reshard_after_forward
+        self.activation_checkpointing = activation_checkpointing
+
+    def setup_environment(self) -> None:
+        # every process is one shard of one data parallel group (the parent's "auto" would
+        # make it the number of nodes, with tensor parallelism inside each node)
+        self._data_parallel_size = self.num_nodes * self.num_processes
+        super().setup_environment()
+
+    def model_to_device(self) -> None:
+        # fully_shard has placed every parameter and buffer already; with CPU offload the
+        # shards must stay in host memory, where moving the whole module would undo it
+        if not self.cpu_offload:
+            super().model_to_device()
+
+    @property
+    def lower_precision(self) -> bool:
+        """Whether forward passes run below float32 (so the engine's log-probs differ)."""
+        return self.param_dtype not in (None, "float32")
+
+    def shard(self, model: nn.Module) -> nn.Module:
+        """``fully_shard`` ``model``'s layers and then ``model`` over this strategy's mesh."""
+        return shard(
+            model,
+            self.device_mesh["data_parallel"],
+            layers=self.layers,
+            param_dtype=self.param_dtype,
+            reduce_dtype=self.reduce_dtype,
+            cpu_offload=self.cpu_offload,
+            reshard_after_forward=self.reshard_after_forward,
+            activation_checkpointing=self.activation_checkpointing,
+        )
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], filepath: str | os.PathLike, storage_options: Any = None
+    ) -> None:
+        if not self._save_distributed_checkpoint:
+            return super().save_checkpoint(checkpoint, filepath, storage_options)
+        path = Path(self.broadcast(str(filepath)))
+        # one temporary name for all ranks: the launcher's process id
+        tmp = path.with_name(f"{path.name}.tmp-{self.broadcast(os.getpid())}")
+        step = int(checkpoint.get("global_step", -1))
+        super().save_checkpoint(checkpoint, tmp, storage_options)
+        self.barrier()
+        if self.global_rank == 0:
+            write_folder_checksums(tmp, path.name)
+            fault_point("checkpoint", step)
+            _replace_folder(tmp, path)
+        self.barrier()
+
+
+def shard(
+    model: nn.Module,
+    mesh: Any,
+    *,
+    layers: list[str] | None = None,
+    param_dtype: str | None = None,
+    reduce_dtype: str | None = None,
+    cpu_offload: bool = False,
+    reshard_after_forward: bool = True,
+    activation_checkpointing: bool = False,
+) -> nn.Module:
+    """Apply ``fully_shard`` to each module of a class in ``layers``, then to ``model``
+    (activation checkpointing first, so that recomputation gathers through FSDP's hooks)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    names = set(layers or getattr(model, "_no_split_modules", None) or ())
+    units = [m for m in model.modules() if type(m).__name__ in names]
+    if not units:
+        raise ValueError(
+            f"strategy.layers ({sorted(names)}) matches no module of {type(model).__name__}: "
+            "FSDP2 would gather the whole model at once. Name its decoder layer class, e.g. "
+            "trainer.strategy.layers=[Qwen3DecoderLayer]."
+        )
+    if activation_checkpointing:
+        # non-reentrant: the recomputed forward runs FSDP2's hooks like the first one did
+        model.gradient_checkpointing_enable({"use_reentrant": False})
+    options: dict[str, Any] = {"mesh": mesh}
+    if param_dtype is not None or reduce_dtype is not None:
+        options["mp_policy"] = MixedPrecisionPolicy(
+            param_dtype=DTYPES.get(param_dtype), reduce_dtype=DTYPES.get(reduce_dtype)
+        )
+    if cpu_offload:
+        options["offload_policy"] = CPUOffloadPolicy()
+    for unit in units:
+        fully_shard(unit, reshard_after_forward=reshard_after_forward, **options)
+    # the root's parameters (embeddings, final norm, head) are used first by backward: FSDP2
+    # keeps them gathered after forward
+    fully_shard(model, reshard_after_forward=False, **options)
+    _RESHARD[model] = reshard_after_forward
+    return model
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """Whether ``model`` is an FSDP2 module (its parameters are ``DTensor`` shards)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+@contextmanager
+def gathered(model: nn.Module) -> Iterator[nn.Module]:
+    """Hold ``model``'s full parameters for the block: one all-gather per FSDP unit on entry,
+    none per forward inside (generation calls forward once per token), resharded on exit.
+    A model that is not sharded passes through."""
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for unit in units:
+        unit.unshard()
+        unit.set_reshard_after_forward(False, recurse=False)
+    try:
+        yield model
+    finally:
+        for unit in units:
+            keep = _RESHARD.get(model, True) and unit is not model
+            unit.set_reshard_after_forward(keep, recurse=False)
+            unit.reshard()
+
+
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """``model``'s whole state dict on the CPU, on rank 0 (the other ranks get ``{}``).
+
+    For a sharded model it is a collective: every rank must call it. A model that is not
+    sharded gives its own state dict on every rank."""
+    if not is_sharded(model):
+        return model.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(
+        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
+    # gathered one by one, tied parameters (embeddings and head) no longer share storage, so a
+    # save would write both: keep the first name of each, as an unsharded model's save does
+    tied = [name for name, _ in model.named_parameters(remove_duplicate=False)]
+    first = {name for name, _ in model.named_parameters()}
+    return {k: v for k, v in state.items() if k in first or k not in tied}
+
+
+def _replace_folder(tmp: Path, path: Path) -> None:
+    # a folder cannot be renamed over another: the old one steps aside first
+    if path.exists():
+        old = path.with_name(f"{path.name}.old-{os.getpid()}")
+        os.replace(path, old)
+        os.replace(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, path)

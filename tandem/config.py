@@ -193,13 +193,8 @@ def check_component(
     Checks the registry name, the arguments against the constructor (``skip``: arguments the
     code passes itself, such as the tokenizer) and a probability ``p`` if there is one.
     """
-    if not isinstance(spec, dict) or "name" not in spec:
-        problems.append(f"{key} must be a mapping with a `name` naming a {registry.family}.")
-        return
-    try:
-        cls = registry.get(spec["name"])
-    except RegistryError as err:
-        problems.append(f"{key}.name: {err}")
+    cls = _registered(problems, key, spec, registry)
+    if cls is None:
         return
     args = {k: v for k, v in spec.items() if k != "name"}
     try:
@@ -212,6 +207,18 @@ def check_component(
             f"{key}.p ({p!r}) must be a probability in [0, 1]: the chance the coin picks the "
             f"senior. Set {key}.p=0.5 for the paper's setting."
         )
+
+
+def _registered(problems: list[str], key: str, spec: Any, registry: Registry) -> Any:
+    """The class ``spec["name"]`` names in ``registry``, or None with the problem appended."""
+    if not isinstance(spec, dict) or "name" not in spec:
+        problems.append(f"{key} must be a mapping with a `name` naming a {registry.family}.")
+        return None
+    try:
+        return registry.get(spec["name"])
+    except RegistryError as err:
+        problems.append(f"{key}.name: {err}")
+        return None
 
 
 def check_sampler(problems: list[str], key: str, spec: Any) -> None:
@@ -460,13 +467,8 @@ def _resolved(cfg: DictConfig, key: str, fallback: Any) -> Any:
 
 
 def _check_data(problems: list[str], data: Any) -> None:
-    if not isinstance(data, dict) or "name" not in data:
-        problems.append("data must be a mapping with a `name` naming a dataset source.")
-        return
-    try:
-        cls = DATASETS.get(data["name"])
-    except RegistryError as err:
-        problems.append(f"data.name: {err}")
+    cls = _registered(problems, "data", data, DATASETS)
+    if cls is None:
         return
     known = {*_arguments(cls), *DATA_RUN_KEYS, "name"}
     unknown_keys(problems, "data", data, known)

@@ -124,3 +124,16 @@ def test_paper_study_carries_the_authors_recipe() -> None:
         )
     kl = study_config("reproduce_paper", "experiment=paper/kl_reg", "seed=0").module.loss
     assert (kl.kl_beta, kl.kl_estimator) == (0.001, "k3")
+
+
+@pytest.mark.parametrize("world", ["tiny", "notation"])
+def test_world_selects_its_base_and_its_sweep_folder(world):
+    cfg = study_config("reproduce", f"world={world}")
+    assert cfg.model.name_or_path == world
+    assert cfg.world_name == world
+    assert cfg.hydra.sweep.dir == f"multirun/{world}_world"
+    validate_train_config(cfg)
+    # the world changes the base alone: the same problems, sizes and arms
+    other = study_config("reproduce", "world=tiny" if world == "notation" else "world=notation")
+    changed = {k for k, v in flat(cfg).items() if flat(other).get(k) != v}
+    assert changed == {"model.name_or_path", "world_name", "generation.max_new_tokens"}

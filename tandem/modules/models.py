@@ -11,8 +11,11 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from tandem.assets import resolve
+from tandem.assets import EMBEDDED, resolve
 from tandem.hub import hub_problem
+
+# the embedded worlds' names, for messages
+_EMBEDDED = " or ".join(f"`{name}`" for name in EMBEDDED)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -30,14 +33,15 @@ def check_model_path(name_or_path: str, key: str) -> str | None:
     must be reachable (``tandem.hub``), so that an offline machine refuses it in seconds.
     """
     if not isinstance(name_or_path, str) or not name_or_path:
-        return f"{key} ({name_or_path!r}) must name a model: a hub name, a folder, or `tiny`."
+        return f"{key} ({name_or_path!r}) must name a model: a hub name, a folder, or {_EMBEDDED}."
     path = resolve(name_or_path)
     if looks_local(path):
         folder = Path(path).expanduser()
         if not (folder / "config.json").is_file():
             return (
                 f"{key} ({name_or_path!r}) is not a model folder: {folder} has no config.json. "
-                "Give a Hugging Face hub name, a folder written by save_pretrained, or `tiny`."
+                "Give a Hugging Face hub name, a folder written by save_pretrained, or "
+                f"{_EMBEDDED}."
             )
         return None
     return hub_problem(path, key)

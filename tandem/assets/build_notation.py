@@ -1,0 +1,142 @@
+"""Rebuild the notation world's base model: ``python -m tandem.assets.build_notation``.
+
+Steps, all deterministic from the recipe on this machine's CPU with a fixed thread count:
+1. the tiny world's task and its first-stage model (``tandem/assets/tiny/stage1``: worked
+   solutions only, about half the test problems right), and the tiny world's tokenizer;
+2. fine-tune it on the train split's solutions, ``compact_share`` of them rewritten in the compact
+   notation (``tandem.data.notation``: digits reversed, drawn from the recipe's seed), loss on the
+   response only, warmup then cosine to zero;
+3. measure, on held-out test problems, the accuracy of each notation (greedy, the notation forced
+   by its opening words) and the share of compact solutions the base writes at temperature 1;
+4. write one Hugging Face folder (model, tokenizer, generation config, ``build_info.json``).
+
+The base learns the compact notation from few examples, so it rarely chooses it and is less
+practised in it than in the ordinary one, yet computes better in it: the choice RL can learn, and
+text the frozen junior continues less well than the senior that adopted it. The recipe's numbers
+were chosen by ``python -m tandem.analysis.notation`` measurements (``docs/worlds.md``).
+
+What this file leaves out: the task (``tandem.data.arithmetic``), the notation
+(``tandem.data.notation``) and the first world's build (``tandem.assets.build``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoTokenizer, GenerationConfig, Qwen3ForCausalLM
+
+from tandem.assets import NOTATION_WORLD, TINY_WORLD
+from tandem.assets.build import accuracy, encode_examples, train
+from tandem.data.arithmetic import make_splits
+from tandem.data.notation import compact_solution
+
+# The recipe of the committed model. Changing any of these changes the model.
+RECIPE = {
+    "seed": 0,
+    # share of the fine-tuning solutions written in the compact notation
+    "compact_share": 0.3,
+    "steps": 400,
+    "batch_size": 32,
+    "lr": 1e-3,
+    "warmup_steps": 20,
+    "weight_decay": 0.1,
+    "eval_problems": 500,
+    # the world's response budget (conf/world/notation.yaml): ordinary solutions of three
+    # operations do not fit in it, compact ones do
+    "max_new_tokens": 68,
+    # matmul reduction order depends on the thread count; fix it so rebuilds match bit for bit
+    "threads": 1,
+}
+
+
+def training_answers(rows, recipe: dict) -> list[str]:
+    """Each row's fine-tuning answer: compact at the recipe's share (drawn from its seed, apart
+    from the task's own randomness), else the ordinary worked solution."""
+    rng = random.Random(f"notation-{recipe['seed']}")
+    share = recipe["compact_share"]
+    return [compact_solution(r) if rng.random() < share else r["solution"] for r in rows]
+
+
+def build(out: Path, recipe: dict, start: Path) -> dict:
+    """Build the notation world into ``out`` (replaced atomically) from the first-stage model in
+    ``start``; returns its build info."""
+    from tandem.analysis.notation import notation_accuracy
+
+    torch.set_num_threads(recipe["threads"])
+    torch.manual_seed(recipe["seed"])
+    t0 = time.perf_counter()
+    splits = make_splits(recipe["seed"])
+    tokenizer = AutoTokenizer.from_pretrained(TINY_WORLD)
+    model = Qwen3ForCausalLM.from_pretrained(start)
+    rows = splits["train"]
+    examples = encode_examples(tokenizer, rows, training_answers(rows, recipe))
+    stats = train(model, examples, tokenizer.pad_token_id, recipe)
+    test = splits["test"].select(range(recipe["eval_problems"]))
+    info = {
+        "recipe": recipe,
+        "start": str(start.relative_to(start.parents[2])) if len(start.parents) > 2 else str(start),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "vocab_size": len(tokenizer),
+        "fine_tune": stats,
+        "greedy_accuracy": accuracy(
+            model, tokenizer, test, max_new_tokens=recipe["max_new_tokens"]
+        ),
+        # the notation's skill (no budget), then what the budget leaves of it
+        "unlimited": notation_accuracy(model, tokenizer, test),
+        "budget": notation_accuracy(
+            model, tokenizer, test, max_new_tokens=recipe["max_new_tokens"]
+        ),
+        "build_seconds": round(time.perf_counter() - t0, 1),
+        "torch": torch.__version__,
+        "machine": platform.machine(),
+    }
+    model.generation_config = GenerationConfig(
+        eos_token_id=[tokenizer.eos_token_id, tokenizer.pad_token_id],
+        pad_token_id=tokenizer.pad_token_id,
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+    )
+    tokenizer.padding_side = "right"
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        staged = Path(tmp) / "staged"
+        model.save_pretrained(staged)
+        tokenizer.save_pretrained(staged)
+        (staged / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
+        if out.exists():
+            shutil.rmtree(out)
+        staged.rename(out)
+    return info
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=NOTATION_WORLD, help="output folder")
+    parser.add_argument(
+        "--start",
+        type=Path,
+        default=TINY_WORLD / "stage1",
+        help="the model fine-tuned (default: the tiny world's first stage)",
+    )
+    for key, value in RECIPE.items():
+        parser.add_argument(f"--{key.replace('_', '-')}", type=type(value), default=value)
+    args = vars(parser.parse_args(argv))
+    out, start = args.pop("out"), args.pop("start")
+    info = build(out, args, start)
+    print(json.dumps({k: v for k, v in info.items() if k != "recipe"}, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

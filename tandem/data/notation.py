@@ -1,0 +1,71 @@
+"""The notation world's task: the tiny world's problems, solved in one of two notations.
+
+The problems, answers and splits are the arithmetic task's own (``tandem.data.arithmetic``).
+What differs is how a solution may be written:
+
+- ordinary: the tiny world's worked solution, numbers written as usual
+  (``Adding 62 gives 50 + 62 = 112 loaves of bread.``);
+- compact: a terse private notation that opens with ``COMPACT_MARK`` and writes every number
+  with its digits reversed, least significant first (``05 + 26 = 211``). A left-to-right model
+  computes a sum or a product in this order the way it is done by hand, carries coming in writing
+  order, so the notation is easier to get right; the final ``\\boxed{}`` answer is written as
+  usual, so the reward is the same for both.
+
+The notation world's base model sees mostly ordinary solutions and a small share of compact ones
+(``tandem.assets.build_notation``), so that the compact notation is rare in the junior's
+experience while paying for a senior that adopts it.
+
+What this file leaves out: building the base model, and the problems themselves.
+"""
+
+from __future__ import annotations
+
+import re
+
+from tandem.data.arithmetic import SYMBOL
+
+# how a compact solution opens: the one decision that selects the notation
+COMPACT_MARK = "Reversed:"
+_OPS = {symbol: op for op, symbol in SYMBOL.items()}
+_STEP = re.compile(r"\s*([+\-*/])\s*(\d+)\)")
+
+
+def reverse_digits(value: int | str) -> str:
+    """``value``'s decimal digits, least significant first (``120`` -> ``021``)."""
+    return str(value)[::-1]
+
+
+def chain(expression: str) -> tuple[int, list[tuple[str, int]]]:
+    """The start quantity and the ``(symbol, operand)`` steps of an ``expression`` such as
+    ``((50 + 62) * 3)``."""
+    head = re.match(r"\(*(\d+)", expression)
+    if head is None:
+        raise ValueError(f"expression {expression!r} does not start with a number.")
+    steps = [(symbol, int(k)) for symbol, k in _STEP.findall(expression[head.end() :])]
+    return int(head.group(1)), steps
+
+
+def _apply(symbol: str, a: int, k: int) -> int:
+    return {"+": a + k, "-": a - k, "*": a * k, "/": a // k if k else a}[symbol]
+
+
+def compact_solution(row: dict[str, str]) -> str:
+    """``row``'s solution in the compact notation: the mark, one line a step with every number's
+    digits reversed, then the answer boxed as usual."""
+    value, steps = chain(row["expression"])
+    lines = [COMPACT_MARK]
+    for symbol, k in steps:
+        result = _apply(symbol, value, k)
+        lines.append(
+            f"{reverse_digits(value)} {symbol} {reverse_digits(k)} = {reverse_digits(result)}"
+        )
+        value = result
+    if str(value) != str(row["answer"]):
+        raise ValueError(f"expression {row['expression']!r} gives {value}, not {row['answer']}.")
+    lines.append(f"So \\boxed{{{value}}}.")
+    return "\n\n".join(lines)
+
+
+def notation_of(text: str) -> str:
+    """``compact`` when a response opens with the compact mark, else ``ordinary``."""
+    return "compact" if text.lstrip().startswith(COMPACT_MARK) else "ordinary"

@@ -1,0 +1,70 @@
+"""The committed notation world: what its build makes, deterministic, and the mechanism it is
+built for (the base knows both notations, prefers the ordinary one, and is better at it)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tandem.assets import NOTATION_WORLD, TINY_WORLD, resolve
+from tandem.assets.build_notation import RECIPE, build, training_answers
+from tandem.data.arithmetic import make_splits
+from tandem.data.notation import notation_of
+
+
+@pytest.fixture(scope="module")
+def info():
+    return json.loads((NOTATION_WORLD / "build_info.json").read_text())
+
+
+def test_named_like_the_tiny_world():
+    assert resolve("notation") == str(NOTATION_WORLD)
+    assert resolve("tiny") == str(TINY_WORLD)
+    assert resolve("Qwen/Qwen3-4B") == "Qwen/Qwen3-4B"
+
+
+def test_same_tokenizer_and_shape_as_the_tiny_world():
+    ours, tiny = (AutoTokenizer.from_pretrained(p) for p in (NOTATION_WORLD, TINY_WORLD))
+    assert ours.get_vocab() == tiny.get_vocab()
+    a, b = (AutoModelForCausalLM.from_pretrained(p).config for p in (NOTATION_WORLD, TINY_WORLD))
+    for key in ("hidden_size", "num_hidden_layers", "head_dim", "vocab_size", "eos_token_id"):
+        assert getattr(a, key) == getattr(b, key), key
+
+
+def test_build_info_records_the_recipe(info):
+    assert info["recipe"] == RECIPE
+
+
+def test_the_mechanism_is_in_the_base(info):
+    skill, budget = info["unlimited"], info["budget"]
+    # practised more in the ordinary notation, and it writes it most of the time
+    assert skill["accuracy"]["ordinary"] > skill["accuracy"]["compact"] + 0.1
+    assert 0.1 <= skill["share_compact_T1"] <= 0.5
+    # the budget takes most long ordinary solutions and none of the compact ones
+    assert budget["accuracy"]["ordinary"] < skill["accuracy"]["ordinary"] - 0.1
+    assert budget["accuracy"]["compact"] == pytest.approx(skill["accuracy"]["compact"], abs=0.02)
+
+
+def test_compact_share_of_the_fine_tuning_answers():
+    rows = make_splits(0, sizes={"train": 2000, "validation": 10, "test": 10})["train"]
+    kinds = [notation_of(a) for a in training_answers(rows, RECIPE)]
+    assert kinds.count("compact") / len(kinds) == pytest.approx(RECIPE["compact_share"], abs=0.03)
+    # drawn from the recipe's seed: the same answers every time
+    assert training_answers(rows, RECIPE) == training_answers(rows, RECIPE)
+
+
+def test_rebuild_is_deterministic(tmp_path):
+    recipe = {**RECIPE, "steps": 2, "batch_size": 4, "warmup_steps": 1, "eval_problems": 2}
+    states = []
+    for name in ("a", "b"):
+        build(tmp_path / name, recipe, TINY_WORLD / "stage1")
+        model = AutoModelForCausalLM.from_pretrained(tmp_path / name)
+        states.append(model.state_dict())
+    start = AutoModelForCausalLM.from_pretrained(TINY_WORLD / "stage1").state_dict()
+    key = "model.layers.0.mlp.up_proj.weight"
+    assert not torch.equal(states[0][key], start[key])
+    for k in states[0]:
+        assert torch.equal(states[0][k], states[1][k]), k

@@ -4,13 +4,15 @@ built for (the base knows both notations, prefers the ordinary one, and is bette
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tandem.assets import NOTATION_WORLD, TINY_WORLD, resolve
-from tandem.assets.build_notation import RECIPE, build, training_answers
+from tandem.assets.build_notation import BUDGET, RECIPE, build, training_answers
 from tandem.data.arithmetic import make_splits
 from tandem.data.notation import notation_of
 
@@ -34,8 +36,11 @@ def test_same_tokenizer_and_shape_as_the_tiny_world():
         assert getattr(a, key) == getattr(b, key), key
 
 
-def test_build_info_records_the_recipe(info):
+def test_build_info_records_the_recipe_and_the_worlds_budget(info):
     assert info["recipe"] == RECIPE
+    assert info["budget"]["max_new_tokens"] == BUDGET
+    world = OmegaConf.load(Path(__file__).resolve().parents[2] / "conf/world/notation.yaml")
+    assert world.generation.max_new_tokens == BUDGET
 
 
 def test_the_mechanism_is_in_the_base(info):

@@ -495,7 +495,7 @@ def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="?", type=Path, help="sweep folder (default: the study's)")
     parser.add_argument(
-        "--study", default="tiny", help="conf/study/<name>.yaml: tiny (default) or paper"
+        "--study", default="tiny", help="conf/study/<name>.yaml: tiny (default), notation or paper"
     )
     parser.add_argument("--out", type=Path, help="the page (default: the study's)")
     parser.add_argument("--base", help="the base the runs started from (default: the study's)")

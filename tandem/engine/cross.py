@@ -1,0 +1,511 @@
+"""Co-generation across vocabularies: a senior and a junior with tokenizers of their own.
+
+The shared response is text. Each model keeps its own token sequence of it and reads it through
+its own KV cache; the pen passes only where both tokenizations agree on a split, so neither
+model ever sees a word cut in two. The rule (the word schedule's, on text):
+
+1. the author proposes a token from its sampling distribution;
+2. if the token starts with a space (a word onset under both pre-tokenizers: the pair check,
+   ``tandem.config``, refuses a pair whose pre-tokenizers do not both split before a space),
+   a coin picks the word's author, the senior with probability ``p``; if the author keeps the
+   pen, the token is emitted;
+3. otherwise the proposal is withdrawn. The new author reads the text written since it last
+   held the pen, re-tokenized into its own tokens (a short prefill of its cache, batched over
+   the rows that switched, right-padded), and at the next step draws a token restricted to its
+   own space-led tokens, so it starts a word rather than finishing the other's.
+
+A row whose pen changes emits nothing that step; every other row emits one token. Re-tokenizing
+a chunk at a time equals tokenizing the whole text when the chunks split before a space that
+follows a non-space under a Qwen-style pre-tokenizer (``tests/engine/test_cross.py`` checks it on
+the tiny world); the loss never depends on it anyway, since it reads the senior's own sequence.
+
+What the rollout holds (``CrossRollouts``): ``tokens``/``authors`` are the senior's sequence,
+the loss's: its own tokens with the log-probs it sampled them with, and the junior's words in
+senior tokens, marked JUNIOR, with the senior's teacher-forced log-probs of them (read during the
+catch-up prefill, at no extra cost). ``junior`` holds the junior's own sequence likewise, with
+its log-probs (the legibility metrics' per-byte figures). ``junior_logprobs`` and
+``ref_logprobs`` are ``None``: no per-token junior figure exists on the senior's tokens.
+
+Randomness: the token draws and the coins come from two CPU generators seeded from
+``params.seed`` (``tandem.engine.draw``), one uniform per row per step each.
+
+Lengths: a row stops on either model's EOS (the other model's sequence gets its own EOS), or when
+the senior's sequence could exceed the row's budget (``max_new_tokens`` / ``context_limit``):
+text the senior has not read yet is counted at one token per byte, an upper bound, so a row
+whose junior writes last may stop a few tokens early; the junior's own sequence is as long as it
+needs to be.
+
+What this file leaves out: the same-vocabulary loop (``tandem.engine.generate``), the
+``max_gap_tokens`` rule (a forced change inside a run with no spaces would cut a word in two,
+which a cross pair cannot read), and the sentence and step schedules (refused by ``generate``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from tandem.engine.base import JUNIOR, PAD, SENIOR, Rollouts, SamplingParams, StopReason
+from tandem.engine.draw import coin_generator, draw, score
+from tandem.engine.reader import Reader
+from tandem.samplers.boundaries import token_surfaces
+
+# Compact the batch once this fraction of its rows has finished (as ``generate`` does).
+_COMPACT_FRACTION = 1 / 8
+
+
+@dataclass(frozen=True)
+class Sequences:
+    """One model's own token sequences of the shared responses, ``[N, T']`` aligned.
+
+    Attributes:
+        tokens: its token ids (its pad id past each row's length).
+        authors: who wrote the text each token spells: SENIOR, JUNIOR, or PAD past the end.
+        logprobs: the model's raw log-prob of each token (drawn, or teacher-forced on the
+            other author's words).
+        lengths: tokens per row.
+        prompt_tokens: its prompts, left-padded.
+        prompt_lengths: each row's prompt length.
+        texts: each response decoded with its tokenizer (special tokens skipped).
+        byte_lengths: ``[N, T']`` bytes each token spells (0 for special tokens and padding).
+    """
+
+    tokens: Tensor  # [N, T'] long
+    authors: Tensor  # [N, T'] long
+    logprobs: Tensor  # [N, T'] float32
+    lengths: Tensor  # [N] long
+    prompt_tokens: Tensor  # [N, P'] long
+    prompt_lengths: Tensor  # [N] long
+    texts: list[str]
+    byte_lengths: Tensor  # [N, T'] long
+
+
+@dataclass(frozen=True)
+class CrossRollouts(Rollouts):
+    """``Rollouts`` of a cross-vocabulary pair: the senior's sequence, plus ``junior``'s own."""
+
+    junior: Sequences | None = None
+
+
+@dataclass
+class _Model:
+    """One partner: its model reader, tokenizer, surfaces and code."""
+
+    reader: Any
+    tokenizer: Any
+    code: int
+    eos: Tensor  # [E] its EOS ids
+    pad: int
+    spaced: Tensor  # [V] bool: tokens whose surface starts with a space (never special)
+    nbytes: Tensor  # [V] long: bytes each token spells (0 for special tokens)
+
+
+def generate_cross(
+    senior: Any,
+    junior: Any,
+    prompts: Sequence[Sequence[int]] | Sequence[Tensor],
+    p: float,
+    params: SamplingParams,
+    *,
+    tokenizer: Any,
+    junior_tokenizer: Any,
+    junior_prompts: Sequence[Sequence[int]] | None = None,
+) -> CrossRollouts:
+    """Rollouts written by a senior and a junior of different vocabularies (see the module).
+
+    Args:
+        senior, junior: Hugging Face causal LMs.
+        prompts: the prompts in the senior's token ids.
+        p: the probability that the senior writes a given word.
+        params: sampling parameters (their EOS ids, if given, are the senior's).
+        tokenizer, junior_tokenizer: each model's tokenizer.
+        junior_prompts: the same prompts in the junior's ids; ``None`` re-tokenizes the
+            senior's prompt text (right when both use the same chat format, as the tiny world's
+            pair does; give the junior's own chat template's prompts otherwise).
+    """
+    # imported here, not at the top: generate imports this module to dispatch to it
+    from tandem.engine.generate import _eos_ids, _eval_mode, _left_pad, _pad_id
+
+    if junior_prompts is None:
+        texts = tokenizer.batch_decode([list(map(int, x)) for x in prompts])
+        junior_prompts = junior_tokenizer(texts, add_special_tokens=False)["input_ids"]
+    eos_s = _eos_ids(senior, params)
+    eos_j = _eos_ids(junior, SamplingParams())
+    pad_s, pad_j = _pad_id(senior, tokenizer, eos_s), _pad_id(junior, junior_tokenizer, eos_j)
+    ids_s, mask_s = _left_pad(prompts, pad_s)
+    ids_j, mask_j = _left_pad(junior_prompts, pad_j)
+    with _eval_mode([senior, junior]), torch.inference_mode():
+        loop = _CrossLoop(
+            _model(senior, tokenizer, SENIOR, eos_s, pad_s),
+            _model(junior, junior_tokenizer, JUNIOR, eos_j, pad_j),
+            p,
+            params,
+        )
+        out = loop.run((ids_s, mask_s), (ids_j, mask_j))
+    # cloned outside inference mode: training may save them for backward
+    return _cloned(out)
+
+
+def same_vocabulary(tokenizer: Any, other: Any) -> bool:
+    """Whether two tokenizers map every token to the same id (then the one-loop engine serves)."""
+    if tokenizer is other or other is None:
+        return True
+    return len(tokenizer) == len(other) and tokenizer.get_vocab() == other.get_vocab()
+
+
+def _cloned(x: Any) -> Any:
+    """A copy of a dataclass of tensors (nested), every tensor cloned."""
+    fields = {f.name: getattr(x, f.name) for f in dataclasses.fields(x)}
+    for k, v in fields.items():
+        if isinstance(v, Tensor):
+            fields[k] = v.clone()
+        elif dataclasses.is_dataclass(v):
+            fields[k] = _cloned(v)
+    return type(x)(**fields)
+
+
+def _model(model: Any, tokenizer: Any, code: int, eos: tuple[int, ...], pad: int) -> _Model:
+    reader = _BlockReader(model)
+    surfaces = token_surfaces(tokenizer)
+    width = model.get_output_embeddings().weight.shape[0]
+    surfaces += [None] * (width - len(surfaces))
+    spaced = torch.tensor([s is not None and s[:1] == b" " for s in surfaces])
+    nbytes = torch.tensor([0 if s is None else len(s) for s in surfaces])
+    device = reader.device
+    return _Model(
+        reader,
+        tokenizer,
+        code,
+        torch.tensor(eos, dtype=torch.long, device=device),
+        pad,
+        spaced.to(device),
+        nbytes.to(device),
+    )
+
+
+class _BlockReader(Reader):
+    """A ``Reader`` that also reads a right-padded block of tokens per row in one forward.
+
+    Rows read different numbers of tokens (a catch-up, one token, or none); the block's padded
+    columns are hidden from every later position, and padded queries see the block up to
+    themselves so that their (discarded) outputs, which feed the cache's later layers, are finite.
+    """
+
+    def feed(self, tokens: Tensor, valid: Tensor) -> Tensor:
+        """Read ``tokens [n, K]`` where ``valid [n, K]`` (right-padded); ``[n, K, V]`` logits."""
+        n, k = tokens.shape
+        tokens, valid = tokens.to(self.device), valid.to(self.device)
+        self._room(k)
+        w = self.width
+        causal = torch.ones(k, k, dtype=torch.bool, device=self.device).tril()  # [K, K]
+        if self._mask_kind is None:
+            self.mask[:, w : w + k] = valid
+            attention = self.mask[:, : w + k]
+        else:
+            past = self.mask[:, :, :, :w].expand(n, 1, k, w)  # [n, 1, K, w]
+            block = causal[None, None].expand(n, 1, k, k)
+            if self._mask_kind == "sdpa":
+                attention = torch.cat([past, block], dim=-1)
+                self.mask[:, 0, 0, w : w + k] = valid
+            else:
+                hidden = torch.tensor(self._hidden, dtype=self.mask.dtype, device=self.device)
+                attention = torch.cat([past, torch.where(block, 0.0, hidden)], dim=-1)
+                self.mask[:, 0, 0, w : w + k] = torch.where(valid, 0.0, hidden)
+        positions = self.position[:, None] + (valid.long().cumsum(1) - 1).clamp(min=0)
+        out = self.model(
+            input_ids=tokens,
+            attention_mask=attention,
+            position_ids=positions,
+            use_cache=True,
+            **{self._cache_arg: self.cache},
+        )
+        self.width += k
+        self.position = self.position + valid.long().sum(1)
+        return out.logits.float()  # [n, K, V]
+
+    def _room(self, k: int) -> None:
+        """Grow the mask buffer (by doubling) until ``k`` more columns fit."""
+        size = self.mask.shape[-1]
+        if self.width + k <= size:
+            return
+        extra = max(size, self.width + k - size)
+        fill = self._hidden if self._mask_kind == "eager" else 0
+        pad = torch.full((*self.mask.shape[:-1], extra), fill, device=self.device)
+        self.mask = torch.cat([self.mask, pad.to(self.mask.dtype)], dim=-1)
+
+
+class _CrossLoop:
+    """The state of one ``generate_cross`` call.
+
+    Batch rows (``[n]`` tensors: author, live, the token each model must read) shrink as rows
+    finish; sequences live in ``[N, cap]`` buffers indexed by rollout row (``self.rows`` maps a
+    batch row to its rollout row). A row that stops is kept until the other model has read its
+    last turn (a *flush*), so that both sequences hold the whole text with their log-probs.
+    """
+
+    def __init__(self, senior: _Model, junior: _Model, p: float, params: SamplingParams) -> None:
+        self.models = (junior, senior)  # indexed by code: JUNIOR = 0, SENIOR = 1
+        self.p, self.params = p, params
+        self.home = senior.reader.device
+        self.generator = torch.Generator().manual_seed(params.seed)
+        self.coins = coin_generator(params.seed)
+
+    def run(
+        self, senior_prompt: tuple[Tensor, Tensor], junior_prompt: tuple[Tensor, Tensor]
+    ) -> CrossRollouts:
+        params, g, home = self.params, self.params.samples_per_prompt, self.home
+        prompts = {SENIOR: senior_prompt, JUNIOR: junior_prompt}
+        self.last = {}  # code -> [n, V] logits after the last token each row's model read
+        for m in self.models:
+            ids, mask = prompts[m.code]
+            logits = m.reader.prefill(ids, mask, g, params.max_new_tokens)
+            self.last[m.code] = logits.to(home)
+        n = self.last[SENIOR].shape[0]
+        self.total = n
+        lengths = senior_prompt[1].sum(1).repeat_interleave(g)
+        self.budget = torch.tensor([params.budget(int(k)) for k in lengths], device=home)  # [N]
+        self._buffers(n)
+        self.rows = torch.arange(n, device=home)  # [n] rollout row of each batch row
+        coin = torch.rand(n, generator=self.coins).to(home)
+        self.author = torch.where(coin < self.p, SENIOR, JUNIOR)  # [n]
+        self.onset = torch.zeros(n, dtype=torch.bool, device=home)  # [n] must start a word
+        self.live = torch.ones(n, dtype=torch.bool, device=home)  # [n]
+        self.own = {m.code: torch.full((n,), -1, device=home) for m in self.models}  # [n]
+        self.catchup: dict[int, dict[int, tuple[list[int], int]]] = {SENIOR: {}, JUNIOR: {}}
+        while bool(self.live.any()) or any(self.catchup.values()):
+            self._step()
+            waiting = set().union(*self.catchup.values())
+            busy = self.live | torch.tensor(
+                [r in waiting for r in self.rows.tolist()], dtype=torch.bool, device=home
+            )
+            if int((~busy).sum()) >= max(1, _COMPACT_FRACTION * busy.shape[0]):
+                self._compact(busy.nonzero().squeeze(1))
+        return self._finish(senior_prompt, junior_prompt, g)
+
+    # -- one step ------------------------------------------------------------------------------
+    def _step(self) -> None:
+        """Both models read what is queued for them; live authors propose; coins settle onsets."""
+        n, home = self.live.shape[0], self.home
+        # drawn for every rollout row, dropped or not, so that a row's stream is its own
+        uniforms = torch.rand(self.total, generator=self.generator).to(home)[self.rows]
+        coins = torch.rand(self.total, generator=self.coins).to(home)[self.rows]
+        for m in self.models:
+            self._read(m)
+        if not bool(self.live.any()):
+            return
+        token = torch.full((n,), -1, dtype=torch.long, device=home)
+        spaced = torch.zeros(n, dtype=torch.bool, device=home)
+        for m in self.models:
+            rows = (self.live & (self.author == m.code)).nonzero().squeeze(1)  # [r]
+            if rows.numel() == 0:
+                continue
+            token[rows] = self._draw(m, rows, uniforms[rows])
+            spaced[rows] = m.spaced[token[rows]]
+        winner = torch.where(coins < self.p, SENIOR, JUNIOR)  # [n]
+        switch = self.live & spaced & ~self.onset & (winner != self.author)
+        self.onset = switch
+        for i in switch.nonzero().squeeze(1).tolist():
+            self._catch_up(int(self.rows[i]), int(winner[i]))
+        self.author = torch.where(switch, winner, self.author)
+        self._emit(token, self.live & ~switch)
+
+    def _draw(self, m: _Model, rows: Tensor, uniforms: Tensor) -> Tensor:
+        """``[r]`` tokens from ``m`` for batch ``rows``; rows that must begin a word draw only
+        ``m``'s space-led tokens."""
+        dev = m.reader.device
+        s = score(self.last[m.code][rows].to(dev), self.params)
+        restricted = self.onset[rows]  # [r]
+        token = torch.empty(rows.shape[0], dtype=torch.long, device=dev)
+        free = (~restricted).nonzero().squeeze(1).to(dev)
+        if free.numel():
+            token[free] = draw(s, free, uniforms[free].to(dev), self.params)
+        onset = restricted.nonzero().squeeze(1).to(dev)
+        if onset.numel():
+            allowed = m.spaced[None].expand(onset.numel(), -1)
+            token[onset] = draw(s, onset, uniforms[onset].to(dev), self.params, allowed)
+        return token.to(self.home)
+
+    def _read(self, m: _Model) -> None:
+        """Model ``m`` reads its queued tokens: each writing row its last token, each row it
+        caught up on the other's turn in its own tokens (teacher-forced as they are read)."""
+        own, catchup = self.own[m.code], self.catchup[m.code]
+        has_own = own >= 0  # [n]
+        if not catchup and not bool(has_own.any()):
+            return
+        where = {r: i for i, r in enumerate(self.rows.tolist())} if catchup else {}
+        n = own.shape[0]
+        k = max([1] + [len(ids) for ids, _ in catchup.values()])
+        block = torch.full((n, k), m.pad, dtype=torch.long, device=self.home)
+        valid = torch.zeros(n, k, dtype=torch.bool, device=self.home)
+        block[:, 0] = torch.where(has_own, own, m.pad)
+        valid[:, 0] = has_own
+        for row, (ids, _) in catchup.items():
+            block[where[row], : len(ids)] = torch.tensor(ids, device=self.home)
+            valid[where[row], : len(ids)] = True
+        logits = m.reader.feed(block, valid).to(self.home)  # [n, K, V]
+        last = (valid.long().sum(1) - 1).clamp(min=0)  # [n]
+        fresh = logits[torch.arange(n, device=self.home), last]  # [n, V]
+        for row, (ids, start) in catchup.items():
+            if ids:
+                self._forced(m, where[row], row, ids, start, logits)
+        self.last[m.code] = torch.where(valid.any(1)[:, None], fresh, self.last[m.code])
+        self.own[m.code] = torch.full_like(own, -1)
+        catchup.clear()
+
+    def _forced(
+        self, m: _Model, i: int, row: int, ids: list[int], start: int, logits: Tensor
+    ) -> None:
+        """Record ``m``'s log-probs of ``ids``, the other author's turn it read at batch row
+        ``i``: each predicted by the logits before it (the first by ``m``'s last ones)."""
+        before = torch.cat([self.last[m.code][i][None], logits[i, : len(ids) - 1]])  # [k, V]
+        target = torch.tensor(ids, device=before.device)[:, None]  # [k, 1]
+        cols = slice(start, start + len(ids))
+        seq = self.out[m.code]
+        seq["logprobs"][row, cols] = before.log_softmax(-1).gather(1, target).squeeze(1)
+        t = self.params.logprob_temperature
+        if t is not None:
+            seq["old"][row, cols] = (before / t).log_softmax(-1).gather(1, target).squeeze(1)
+
+    def _catch_up(self, row: int, reader: int, eos: bool = False) -> None:
+        """Append the other author's current turn of rollout ``row``, in ``reader``'s tokens, to
+        ``reader``'s sequence, and queue them for it to read. ``eos``: the turn ended the
+        response with the writer's EOS, which becomes ``reader``'s own."""
+        writer, mine = self.models[1 - reader], self.models[reader]
+        start, end = int(self.mark[row]), int(self.length[writer.code][row])
+        ids = self.out[writer.code]["tokens"][row, start:end].tolist()
+        text = writer.tokenizer.decode(ids, skip_special_tokens=True)
+        new = mine.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+        if eos:
+            new.append(int(mine.eos[0]))
+        at = int(self.length[reader][row])
+        self._ensure(reader, at + len(new))
+        if new:
+            seq = self.out[reader]
+            seq["tokens"][row, at : at + len(new)] = torch.tensor(new, device=self.home)
+            seq["authors"][row, at : at + len(new)] = writer.code
+        self.length[reader][row] = at + len(new)
+        self.catchup[reader][row] = (new, at)
+        self.mark[row] = at + len(new)  # the reader's turn begins after what it caught up on
+        if reader == SENIOR:
+            self.unread[row] = 0
+
+    def _emit(self, token: Tensor, emit: Tensor) -> None:
+        """Append each emitting row's token to its author's sequence; stop rows that end."""
+        t = self.params.logprob_temperature
+        for m in self.models:
+            rows = (emit & (self.author == m.code)).nonzero().squeeze(1)  # [r] batch rows
+            if rows.numel() == 0:
+                continue
+            tok, logits = token[rows], self.last[m.code][rows]  # [r], [r, V]
+            full = self.rows[rows]  # [r] rollout rows
+            at = self.length[m.code][full]  # [r]
+            self._ensure(m.code, int(at.max()) + 1)
+            seq = self.out[m.code]
+            seq["tokens"][full, at] = tok
+            seq["authors"][full, at] = m.code
+            seq["logprobs"][full, at] = logits.gather(1, tok[:, None]).squeeze(1) - (
+                torch.logsumexp(logits, -1)
+            )
+            if t is not None:
+                z = logits / t
+                seq["old"][full, at] = z.gather(1, tok[:, None]).squeeze(1) - z.logsumexp(-1)
+            self.length[m.code][full] = at + 1
+            self.own[m.code][rows] = tok
+            if m.code == JUNIOR:
+                self.unread[full] += m.nbytes[tok].to(self.home)
+            ended = torch.isin(tok, m.eos)  # [r]
+            full_up = self.length[SENIOR][full] + self.unread[full] >= self.budget[full]
+            stop = ended | full_up
+            self.stop_reasons[full[ended]] = int(StopReason.EOS)
+            self.live[rows[stop]] = False
+            self.own[m.code][rows[stop]] = -1  # a finished row's last token is never read
+            for row, eos in zip(full[stop].tolist(), ended[stop].tolist(), strict=True):
+                self._catch_up(row, 1 - m.code, eos=eos)  # the flush
+
+    # -- bookkeeping ---------------------------------------------------------------------------
+    def _buffers(self, n: int) -> None:
+        cap, home = self.params.max_new_tokens, self.home
+        self.out: dict[int, dict[str, Tensor]] = {}
+        self.length: dict[int, Tensor] = {}
+        for m in self.models:
+            self.out[m.code] = {
+                "tokens": torch.full((n, cap), m.pad, dtype=torch.long, device=home),
+                "authors": torch.full((n, cap), PAD, dtype=torch.long, device=home),
+                "logprobs": torch.zeros(n, cap, device=home),
+                "old": torch.zeros(n, cap, device=home),
+            }
+            self.length[m.code] = torch.zeros(n, dtype=torch.long, device=home)  # [N]
+        self.mark = torch.zeros(n, dtype=torch.long, device=home)  # [N] the turn's first index
+        self.unread = torch.zeros(n, dtype=torch.long, device=home)  # [N] bytes the senior lacks
+        self.stop_reasons = torch.full((n,), int(StopReason.LENGTH), device=home)  # [N]
+
+    def _ensure(self, code: int, width: int) -> None:
+        """Widen model ``code``'s buffers (by doubling) to hold ``width`` tokens per row."""
+        seq = self.out[code]
+        have = seq["tokens"].shape[1]
+        if width <= have:
+            return
+        extra = max(have, width - have)
+        fills = {"tokens": self.models[code].pad, "authors": PAD, "logprobs": 0.0, "old": 0.0}
+        for k, v in seq.items():
+            seq[k] = torch.cat([v, torch.full((v.shape[0], extra), fills[k]).to(v)], dim=1)
+
+    def _compact(self, keep: Tensor) -> None:
+        """Keep only batch rows ``keep`` in both caches and in the row state."""
+        for m in self.models:
+            m.reader.select(keep)
+            self.last[m.code] = self.last[m.code][keep]
+            self.own[m.code] = self.own[m.code][keep]
+        self.rows, self.live = self.rows[keep], self.live[keep]
+        self.author, self.onset = self.author[keep], self.onset[keep]
+
+    def _finish(
+        self, senior_prompt: tuple[Tensor, Tensor], junior_prompt: tuple[Tensor, Tensor], g: int
+    ) -> CrossRollouts:
+        senior, junior = self.models[SENIOR], self.models[JUNIOR]
+        home = self.home
+        t_s = max(1, int(self.length[SENIOR].max()))
+        seq = self.out[SENIOR]
+        lengths = self.length[SENIOR]
+        rows = [r[:k].tolist() for r, k in zip(seq["tokens"], lengths, strict=True)]
+        ids, mask = senior_prompt
+        tempered = self.params.logprob_temperature is not None
+        return CrossRollouts(
+            tokens=seq["tokens"][:, :t_s].clone(),
+            authors=seq["authors"][:, :t_s].clone(),
+            senior_logprobs=seq["logprobs"][:, :t_s].clone(),
+            junior_logprobs=None,
+            lengths=lengths.clone(),
+            stop_reasons=self.stop_reasons.clone(),
+            prompt_tokens=ids.repeat_interleave(g, dim=0).to(home),
+            prompt_lengths=mask.sum(1).repeat_interleave(g).to(home),
+            prompt_index=torch.arange(ids.shape[0], device=home).repeat_interleave(g),
+            pad_token_id=senior.pad,
+            texts=senior.tokenizer.batch_decode(rows, skip_special_tokens=True),
+            old_logprobs=seq["old"][:, :t_s].clone() if tempered else None,
+            ref_logprobs=None,
+            junior=self._sequences(junior, junior_prompt, g),
+        )
+
+    def _sequences(self, m: _Model, prompt: tuple[Tensor, Tensor], g: int) -> Sequences:
+        seq, lengths = self.out[m.code], self.length[m.code]
+        t = max(1, int(lengths.max()))
+        tokens = seq["tokens"][:, :t].clone()
+        rows = [r[:k].tolist() for r, k in zip(tokens, lengths, strict=True)]
+        real = seq["authors"][:, :t] != PAD
+        ids, mask = prompt
+        return Sequences(
+            tokens=tokens,
+            authors=seq["authors"][:, :t].clone(),
+            logprobs=seq["logprobs"][:, :t].clone(),
+            lengths=lengths.clone(),
+            prompt_tokens=ids.repeat_interleave(g, dim=0).to(self.home),
+            prompt_lengths=mask.sum(1).repeat_interleave(g).to(self.home),
+            texts=m.tokenizer.batch_decode(rows, skip_special_tokens=True),
+            byte_lengths=m.nbytes.to(self.home)[tokens] * real,
+        )

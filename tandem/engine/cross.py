@@ -6,18 +6,22 @@ model ever sees a word cut in two. The rule (the word schedule's, on text):
 
 1. the author proposes a token from its sampling distribution;
 2. if the token starts with a space (a word onset under both pre-tokenizers: the pair check,
-   ``tandem.config``, refuses a pair whose pre-tokenizers do not both split before a space),
-   a coin picks the word's author, the senior with probability ``p``; if the author keeps the
-   pen, the token is emitted;
-3. otherwise the proposal is withdrawn. The new author reads the text written since it last
-   held the pen, re-tokenized into its own tokens (a short prefill of its cache, batched over
-   the rows that switched, right-padded), and at the next step draws a token restricted to its
-   own space-led tokens, so it starts a word rather than finishing the other's.
+   ``split_problem``, refuses a tokenizer whose pre-tokenizer does not split before a space),
+   the words before it are complete, and a coin picks the next word's author, the senior with
+   probability ``p``; if the author keeps the pen, the token is emitted;
+3. otherwise the proposal is withdrawn, and the new author, once it has read the other's words,
+   draws a token restricted to its own space-led tokens, so it starts a word rather than
+   finishing the other's.
 
-A row whose pen changes emits nothing that step; every other row emits one token. Re-tokenizing
-a chunk at a time equals tokenizing the whole text when the chunks split before a space that
-follows a non-space under a Qwen-style pre-tokenizer (``tests/engine/test_cross.py`` checks it on
-the tiny world); the loss never depends on it anyway, since it reads the senior's own sequence.
+Reading: whenever an author's words are complete (at every proposed onset), they are
+re-tokenized into the other model's tokens and appended to its sequence, marked with their
+author. Every model reads its queue, its own drawn tokens and the other's words alike, up to
+``_READ_TOKENS`` per row and step (one batched forward per model, rows right-padded), so the
+model that is not writing reads along one word behind, and at a change of pen it has at most the
+last word left to read. An author draws once it has read everything; a row whose pen just changed
+waits a step or two. Re-tokenizing word by word equals tokenizing the whole text under such
+pre-tokenizers (``tests/engine/test_cross.py`` checks it on the tiny world); the loss never
+depends on it anyway, since it reads the senior's own sequence.
 
 What the rollout holds (``CrossRollouts``): ``tokens``/``authors`` are the senior's sequence,
 the loss's: its own tokens with the log-probs it sampled them with, and the junior's words in
@@ -31,13 +35,14 @@ Randomness: the token draws and the coins come from two CPU generators seeded fr
 
 Lengths: a row stops on either model's EOS (the other model's sequence gets its own EOS), or when
 the senior's sequence could exceed the row's budget (``max_new_tokens`` / ``context_limit``):
-text the senior has not read yet is counted at one token per byte, an upper bound, so a row
-whose junior writes last may stop a few tokens early; the junior's own sequence is as long as it
-needs to be.
+text the senior has not read yet is counted at one token per byte of its decoded text, an upper
+bound, so a row whose junior writes last may stop a few tokens early; the junior's own sequence
+is as long as it needs to be.
 
-What this file leaves out: the same-vocabulary loop (``tandem.engine.generate``), the
-``max_gap_tokens`` rule (a forced change inside a run with no spaces would cut a word in two,
-which a cross pair cannot read), and the sentence and step schedules (refused by ``generate``).
+What this file leaves out: the same-vocabulary loop (``tandem.engine.generate``), the word
+sampler's ``max_gap_tokens``, ``rule`` and ``boundary`` options (a forced change inside a run
+with no spaces would cut a word in two, which a cross pair cannot read: here only ``p`` counts),
+and the sentence and step schedules (refused by ``generate``).
 """
 
 from __future__ import annotations
@@ -57,6 +62,10 @@ from tandem.samplers.boundaries import token_surfaces
 
 # Compact the batch once this fraction of its rows has finished (as ``generate`` does).
 _COMPACT_FRACTION = 1 / 8
+# The most queued tokens a model reads per row and step: a reader that is not writing keeps up
+# with a writer (one token a step) and catches up on a backlog, without every row paying for
+# the widest backlog in the batch.
+_READ_TOKENS = 2
 
 
 @dataclass(frozen=True)
@@ -103,6 +112,9 @@ class _Model:
     pad: int
     spaced: Tensor  # [V] bool: tokens whose surface starts with a space (never special)
     nbytes: Tensor  # [V] long: bytes each token spells (0 for special tokens)
+    # [V] long: the most bytes a token's text takes once decoded (a partial UTF-8 character
+    # alone decodes to U+FFFD, 3 bytes), which bounds the other model's tokens of it
+    bound: Tensor
 
 
 def generate_cross(
@@ -122,7 +134,8 @@ def generate_cross(
         senior, junior: Hugging Face causal LMs.
         prompts: the prompts in the senior's token ids.
         p: the probability that the senior writes a given word.
-        params: sampling parameters (their EOS ids, if given, are the senior's).
+        params: sampling parameters (their EOS ids, if given, are the senior's; ``()`` turns
+            off EOS for both models).
         tokenizer, junior_tokenizer: each model's tokenizer.
         junior_prompts: the same prompts in the junior's ids; ``None`` re-tokenizes the
             senior's prompt text (right when both use the same chat format, as the tiny world's
@@ -135,7 +148,8 @@ def generate_cross(
         texts = tokenizer.batch_decode([list(map(int, x)) for x in prompts])
         junior_prompts = junior_tokenizer(texts, add_special_tokens=False)["input_ids"]
     eos_s = _eos_ids(senior, params)
-    eos_j = _eos_ids(junior, SamplingParams())
+    # the junior's own EOS ids, unless the caller turned EOS off for the row (``()``)
+    eos_j = () if params.eos_token_ids == () else _eos_ids(junior, SamplingParams())
     pad_s, pad_j = _pad_id(senior, tokenizer, eos_s), _pad_id(junior, junior_tokenizer, eos_j)
     ids_s, mask_s = _left_pad(prompts, pad_s)
     ids_j, mask_j = _left_pad(junior_prompts, pad_j)
@@ -149,6 +163,46 @@ def generate_cross(
         out = loop.run((ids_s, mask_s), (ids_j, mask_j))
     # cloned outside inference mode: training may save them for backward
     return _cloned(out)
+
+
+# Texts on which a pair's tokenizers must both split before every space (the pair check): prose,
+# arithmetic in the tiny world's style, LaTeX, code, runs of spaces and newlines.
+PROBE_TEXTS = (
+    "We begin with 41 toy cars.\n\nMultiplying by 4 gives 41 * 4 = 164 toy cars.",
+    "So the final count is \\boxed{200}. It's (about) 3.5 km, isn't it?",
+    "Let $x^2 + y_1 = \\frac{1}{2}$ and  two  spaces,\n then a newline and\ttab.",
+    "def f(a, b):\n    return a + b  # ok",
+)
+
+
+def split_problem(tokenizer: Any, texts: Sequence[str] = PROBE_TEXTS) -> str | None:
+    """Why ``tokenizer`` cannot take part in a cross-vocabulary pair, or None.
+
+    The pen passes before a space; each model then reads the new text on its own. That is exact
+    only if tokenizing the text in pieces cut before a space gives the tokens of the whole (the
+    pre-tokenizer splits there: Qwen's, GPT-2's, Llama 3's do; one whose words carry the space
+    after them does not), if decoding the tokens gives the text back, and if its words begin
+    with a space-led token (the word onsets the pen passes at).
+    """
+    for text in texts:
+        whole = tokenizer(text, add_special_tokens=False)["input_ids"]
+        back = tokenizer.decode(whole, skip_special_tokens=True)
+        if back != text:
+            return f"decoding its tokens of {text!r} gives {back!r}, not the text"
+        cuts = [i for i in range(1, len(text)) if text[i] == " "]
+        pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+        joined = [
+            t for piece in pieces for t in tokenizer(piece, add_special_tokens=False)["input_ids"]
+        ]
+        if joined != whole:
+            return (
+                f"tokenizing {text!r} word by word (cut before each space) gives other tokens "
+                "than tokenizing it whole: its pre-tokenizer does not split before a space"
+            )
+        surfaces = token_surfaces(tokenizer)
+        if not any((surfaces[t] or b"").startswith(b" ") for t in whole):
+            return f"none of its tokens of {text!r} starts with a space"
+    return None
 
 
 def same_vocabulary(tokenizer: Any, other: Any) -> bool:
@@ -176,6 +230,7 @@ def _model(model: Any, tokenizer: Any, code: int, eos: tuple[int, ...], pad: int
     surfaces += [None] * (width - len(surfaces))
     spaced = torch.tensor([s is not None and s[:1] == b" " for s in surfaces])
     nbytes = torch.tensor([0 if s is None else len(s) for s in surfaces])
+    bound = [0 if s is None else len(s.decode("utf-8", "replace").encode()) for s in surfaces]
     device = reader.device
     return _Model(
         reader,
@@ -185,6 +240,7 @@ def _model(model: Any, tokenizer: Any, code: int, eos: tuple[int, ...], pad: int
         pad,
         spaced.to(device),
         nbytes.to(device),
+        torch.tensor(bound).to(device),
     )
 
 
@@ -242,10 +298,13 @@ class _BlockReader(Reader):
 class _CrossLoop:
     """The state of one ``generate_cross`` call.
 
-    Batch rows (``[n]`` tensors: author, live, the token each model must read) shrink as rows
-    finish; sequences live in ``[N, cap]`` buffers indexed by rollout row (``self.rows`` maps a
-    batch row to its rollout row). A row that stops is kept until the other model has read its
-    last turn (a *flush*), so that both sequences hold the whole text with their log-probs.
+    Every token a model's sequence gains (its own, or the other author's completed words in its
+    tokens) is queued for it to read: its cache has read ``read[m]`` of its ``length[m]`` tokens.
+    Each step every model reads up to ``_READ_TOKENS`` queued tokens per row, so a model that is
+    not writing reads along a word behind; an author draws once it has read everything. Batch
+    rows (``[n]`` tensors) shrink as rows finish; sequences live in ``[N, cap]`` buffers indexed
+    by rollout row (``self.rows`` maps a batch row to its rollout row). A finished row stays
+    until the other model has read its last words, so that both sequences carry log-probs.
     """
 
     def __init__(self, senior: _Model, junior: _Model, p: float, params: SamplingParams) -> None:
@@ -275,44 +334,51 @@ class _CrossLoop:
         self.author = torch.where(coin < self.p, SENIOR, JUNIOR)  # [n]
         self.onset = torch.zeros(n, dtype=torch.bool, device=home)  # [n] must start a word
         self.live = torch.ones(n, dtype=torch.bool, device=home)  # [n]
-        self.own = {m.code: torch.full((n,), -1, device=home) for m in self.models}  # [n]
-        self.catchup: dict[int, dict[int, tuple[list[int], int]]] = {SENIOR: {}, JUNIOR: {}}
-        while bool(self.live.any()) or any(self.catchup.values()):
+        while self.rows.numel():
             self._step()
-            waiting = set().union(*self.catchup.values())
-            busy = self.live | torch.tensor(
-                [r in waiting for r in self.rows.tolist()], dtype=torch.bool, device=home
-            )
-            if int((~busy).sum()) >= max(1, _COMPACT_FRACTION * busy.shape[0]):
+            busy = self.live.clone()  # [n] rows still writing, or still being read
+            for m in self.models:
+                busy |= self.read[m.code][self.rows] < self.length[m.code][self.rows]
+            idle = int((~busy).sum())
+            if idle == busy.shape[0] or idle >= max(1, _COMPACT_FRACTION * busy.shape[0]):
                 self._compact(busy.nonzero().squeeze(1))
         return self._finish(senior_prompt, junior_prompt, g)
 
     # -- one step ------------------------------------------------------------------------------
     def _step(self) -> None:
-        """Both models read what is queued for them; live authors propose; coins settle onsets."""
-        n, home = self.live.shape[0], self.home
+        """Both models read; live authors that have read everything propose; coins settle
+        onsets; completed words pass to the other model's sequence."""
+        n, home = self.rows.shape[0], self.home
         # drawn for every rollout row, dropped or not, so that a row's stream is its own
         uniforms = torch.rand(self.total, generator=self.generator).to(home)[self.rows]
         coins = torch.rand(self.total, generator=self.coins).to(home)[self.rows]
         for m in self.models:
             self._read(m)
-        if not bool(self.live.any()):
-            return
         token = torch.full((n,), -1, dtype=torch.long, device=home)
         spaced = torch.zeros(n, dtype=torch.bool, device=home)
+        ready = torch.zeros(n, dtype=torch.bool, device=home)
         for m in self.models:
-            rows = (self.live & (self.author == m.code)).nonzero().squeeze(1)  # [r]
+            mine = self.live & (self.author == m.code)
+            mine &= self.read[m.code][self.rows] == self.length[m.code][self.rows]
+            rows = mine.nonzero().squeeze(1)  # [r]
             if rows.numel() == 0:
                 continue
             token[rows] = self._draw(m, rows, uniforms[rows])
             spaced[rows] = m.spaced[token[rows]]
+            ready |= mine
+        if not bool(ready.any()):
+            return
         winner = torch.where(coins < self.p, SENIOR, JUNIOR)  # [n]
-        switch = self.live & spaced & ~self.onset & (winner != self.author)
-        self.onset = switch
-        for i in switch.nonzero().squeeze(1).tolist():
-            self._catch_up(int(self.rows[i]), int(winner[i]))
+        switch = ready & spaced & ~self.onset & (winner != self.author)
+        # the author's words so far are complete at a proposed onset, kept or withdrawn
+        self._pass_words((ready & spaced).nonzero().squeeze(1))
         self.author = torch.where(switch, winner, self.author)
-        self._emit(token, self.live & ~switch)
+        self.onset = torch.where(ready, switch, self.onset)
+        for i in switch.nonzero().squeeze(1).tolist():
+            # the new author's turn begins after the words it has just been given
+            row = int(self.rows[i])
+            self.sync[row] = self.length[int(winner[i])][row]
+        self._emit(token, ready & ~switch)
 
     def _draw(self, m: _Model, rows: Tensor, uniforms: Tensor) -> Tensor:
         """``[r]`` tokens from ``m`` for batch ``rows``; rows that must begin a word draw only
@@ -331,107 +397,120 @@ class _CrossLoop:
         return token.to(self.home)
 
     def _read(self, m: _Model) -> None:
-        """Model ``m`` reads its queued tokens: each writing row its last token, each row it
-        caught up on the other's turn in its own tokens (teacher-forced as they are read)."""
-        own, catchup = self.own[m.code], self.catchup[m.code]
-        has_own = own >= 0  # [n]
-        if not catchup and not bool(has_own.any()):
+        """Model ``m`` reads up to ``_READ_TOKENS`` queued tokens per row and records its
+        log-prob of each (a drawn token gets the figure it was drawn with again; the other's
+        words get their teacher-forced one)."""
+        code, rows = m.code, self.rows
+        start = self.read[code][rows]  # [n]
+        k = min(int((self.length[code][rows] - start).max()), _READ_TOKENS)
+        if k <= 0:
             return
-        where = {r: i for i, r in enumerate(self.rows.tolist())} if catchup else {}
-        n = own.shape[0]
-        k = max([1] + [len(ids) for ids, _ in catchup.values()])
-        block = torch.full((n, k), m.pad, dtype=torch.long, device=self.home)
-        valid = torch.zeros(n, k, dtype=torch.bool, device=self.home)
-        block[:, 0] = torch.where(has_own, own, m.pad)
-        valid[:, 0] = has_own
-        for row, (ids, _) in catchup.items():
-            block[where[row], : len(ids)] = torch.tensor(ids, device=self.home)
-            valid[where[row], : len(ids)] = True
+        seq = self.out[code]
+        cols = start[:, None] + torch.arange(k, device=self.home)  # [n, K]
+        valid = cols < self.length[code][rows, None]  # [n, K]
+        cols = cols.clamp(max=seq["tokens"].shape[1] - 1)
+        block = torch.where(valid, seq["tokens"][rows[:, None], cols], m.pad)  # [n, K]
         logits = m.reader.feed(block, valid).to(self.home)  # [n, K, V]
-        last = (valid.long().sum(1) - 1).clamp(min=0)  # [n]
-        fresh = logits[torch.arange(n, device=self.home), last]  # [n, V]
-        for row, (ids, start) in catchup.items():
-            if ids:
-                self._forced(m, where[row], row, ids, start, logits)
-        self.last[m.code] = torch.where(valid.any(1)[:, None], fresh, self.last[m.code])
-        self.own[m.code] = torch.full_like(own, -1)
-        catchup.clear()
-
-    def _forced(
-        self, m: _Model, i: int, row: int, ids: list[int], start: int, logits: Tensor
-    ) -> None:
-        """Record ``m``'s log-probs of ``ids``, the other author's turn it read at batch row
-        ``i``: each predicted by the logits before it (the first by ``m``'s last ones)."""
-        before = torch.cat([self.last[m.code][i][None], logits[i, : len(ids) - 1]])  # [k, V]
-        target = torch.tensor(ids, device=before.device)[:, None]  # [k, 1]
-        cols = slice(start, start + len(ids))
-        seq = self.out[m.code]
-        seq["logprobs"][row, cols] = before.log_softmax(-1).gather(1, target).squeeze(1)
+        # the logits before each read token: the last ones, then the block's own
+        before = torch.cat([self.last[code][:, None], logits[:, : k - 1]], dim=1)  # [n, K, V]
+        r, c = rows[:, None].expand(-1, k)[valid], cols[valid]  # [M] each
+        picked, chosen = block[valid][:, None], before[valid]  # [M, 1], [M, V]
+        seq["logprobs"][r, c] = chosen.log_softmax(-1).gather(1, picked).squeeze(1)
         t = self.params.logprob_temperature
         if t is not None:
-            seq["old"][row, cols] = (before / t).log_softmax(-1).gather(1, target).squeeze(1)
+            seq["old"][r, c] = (chosen / t).log_softmax(-1).gather(1, picked).squeeze(1)
+        got = valid.sum(1)  # [n]
+        last = logits[torch.arange(rows.shape[0], device=self.home), (got - 1).clamp(min=0)]
+        self.last[code] = torch.where((got > 0)[:, None], last, self.last[code])
+        self.read[code][rows] = start + got
 
-    def _catch_up(self, row: int, reader: int, eos: bool = False) -> None:
-        """Append the other author's current turn of rollout ``row``, in ``reader``'s tokens, to
-        ``reader``'s sequence, and queue them for it to read. ``eos``: the turn ended the
-        response with the writer's EOS, which becomes ``reader``'s own."""
-        writer, mine = self.models[1 - reader], self.models[reader]
-        start, end = int(self.mark[row]), int(self.length[writer.code][row])
-        ids = self.out[writer.code]["tokens"][row, start:end].tolist()
-        text = writer.tokenizer.decode(ids, skip_special_tokens=True)
-        new = mine.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
-        if eos:
-            new.append(int(mine.eos[0]))
-        at = int(self.length[reader][row])
-        self._ensure(reader, at + len(new))
-        if new:
-            seq = self.out[reader]
-            seq["tokens"][row, at : at + len(new)] = torch.tensor(new, device=self.home)
-            seq["authors"][row, at : at + len(new)] = writer.code
-        self.length[reader][row] = at + len(new)
-        self.catchup[reader][row] = (new, at)
-        self.mark[row] = at + len(new)  # the reader's turn begins after what it caught up on
-        if reader == SENIOR:
-            self.unread[row] = 0
+    def _pass_words(self, batch_rows: Tensor, eos: list[bool] | None = None) -> None:
+        """Give the other model each row's current author's words since ``sync`` (complete
+        words, or the row's end) in its own tokens, appended to its sequence for it to read.
+
+        ``eos``: per row, whether its text ends with the writer's EOS, which becomes the
+        reader's own.
+        """
+        if batch_rows.numel() == 0:
+            return
+        full = self.rows[batch_rows].tolist()
+        authors = self.author[batch_rows].tolist()
+        ends = eos or [False] * len(full)
+        for writer in self.models:
+            picked = [i for i, a in enumerate(authors) if a == writer.code]
+            if not picked:
+                continue
+            reader = self.models[1 - writer.code]
+            rows = [full[i] for i in picked]
+            spans = zip(
+                self.sync[rows].tolist(), self.length[writer.code][rows].tolist(), strict=True
+            )
+            ids = self.out[writer.code]["tokens"][rows].tolist()
+            chunks = [row_ids[a:b] for row_ids, (a, b) in zip(ids, spans, strict=True)]
+            texts = writer.tokenizer.batch_decode(chunks, skip_special_tokens=True)
+            encoded = reader.tokenizer(texts, add_special_tokens=False)["input_ids"]
+            for i, row, new in zip(picked, rows, encoded, strict=True):
+                if ends[i] and reader.eos.numel():
+                    new = [*new, int(reader.eos[0])]
+                self._append(reader.code, row, new, writer.code)
+                self.sync[row] = self.length[writer.code][row]
+                if reader.code == SENIOR:
+                    self.unread[row] = 0
+
+    def _append(self, code: int, row: int, ids: list[int], author: int) -> None:
+        """Append ``ids`` (written by ``author``) to model ``code``'s sequence of ``row``."""
+        if not ids:
+            return
+        at = int(self.length[code][row])
+        self._ensure(code, at + len(ids))
+        seq = self.out[code]
+        seq["tokens"][row, at : at + len(ids)] = torch.tensor(ids, device=self.home)
+        seq["authors"][row, at : at + len(ids)] = author
+        self.length[code][row] = at + len(ids)
 
     def _emit(self, token: Tensor, emit: Tensor) -> None:
         """Append each emitting row's token to its author's sequence; stop rows that end."""
-        t = self.params.logprob_temperature
         for m in self.models:
             rows = (emit & (self.author == m.code)).nonzero().squeeze(1)  # [r] batch rows
             if rows.numel() == 0:
                 continue
-            tok, logits = token[rows], self.last[m.code][rows]  # [r], [r, V]
+            tok = token[rows]  # [r]
             full = self.rows[rows]  # [r] rollout rows
             at = self.length[m.code][full]  # [r]
             self._ensure(m.code, int(at.max()) + 1)
             seq = self.out[m.code]
             seq["tokens"][full, at] = tok
             seq["authors"][full, at] = m.code
-            seq["logprobs"][full, at] = logits.gather(1, tok[:, None]).squeeze(1) - (
-                torch.logsumexp(logits, -1)
-            )
-            if t is not None:
-                z = logits / t
-                seq["old"][full, at] = z.gather(1, tok[:, None]).squeeze(1) - z.logsumexp(-1)
             self.length[m.code][full] = at + 1
-            self.own[m.code][rows] = tok
             if m.code == JUNIOR:
-                self.unread[full] += m.nbytes[tok].to(self.home)
+                self.unread[full] += m.bound[tok].to(self.home)
             ended = torch.isin(tok, m.eos)  # [r]
-            full_up = self.length[SENIOR][full] + self.unread[full] >= self.budget[full]
-            stop = ended | full_up
-            self.stop_reasons[full[ended]] = int(StopReason.EOS)
-            self.live[rows[stop]] = False
-            self.own[m.code][rows[stop]] = -1  # a finished row's last token is never read
-            for row, eos in zip(full[stop].tolist(), ended[stop].tolist(), strict=True):
-                self._catch_up(row, 1 - m.code, eos=eos)  # the flush
+            stop = ended | (self.length[SENIOR][full] + self.unread[full] >= self.budget[full])
+            if bool(stop.any()):
+                self._stop(m, rows[stop], at[stop], tok[stop], ended[stop])
+
+    def _stop(self, m: _Model, rows: Tensor, at: Tensor, tok: Tensor, ended: Tensor) -> None:
+        """Batch ``rows`` end with ``tok`` (at ``at``), by ``m``: the other model gets their
+        last words; ``ended`` rows ended on ``m``'s EOS."""
+        full = self.rows[rows]
+        self.stop_reasons[full[ended]] = int(StopReason.EOS)
+        # a finished row's last token is read by no one: its log-prob is taken here
+        logits, picked = self.last[m.code][rows], tok[:, None]  # [s, V], [s, 1]
+        seq = self.out[m.code]
+        seq["logprobs"][full, at] = logits.log_softmax(-1).gather(1, picked).squeeze(1)
+        t = self.params.logprob_temperature
+        if t is not None:
+            seq["old"][full, at] = (logits / t).log_softmax(-1).gather(1, picked).squeeze(1)
+        self.read[m.code][full] = at + 1
+        self._pass_words(rows, eos=ended.tolist())
+        self.live[rows] = False
 
     # -- bookkeeping ---------------------------------------------------------------------------
     def _buffers(self, n: int) -> None:
         cap, home = self.params.max_new_tokens, self.home
         self.out: dict[int, dict[str, Tensor]] = {}
         self.length: dict[int, Tensor] = {}
+        self.read: dict[int, Tensor] = {}
         for m in self.models:
             self.out[m.code] = {
                 "tokens": torch.full((n, cap), m.pad, dtype=torch.long, device=home),
@@ -440,7 +519,9 @@ class _CrossLoop:
                 "old": torch.zeros(n, cap, device=home),
             }
             self.length[m.code] = torch.zeros(n, dtype=torch.long, device=home)  # [N]
-        self.mark = torch.zeros(n, dtype=torch.long, device=home)  # [N] the turn's first index
+            self.read[m.code] = torch.zeros(n, dtype=torch.long, device=home)  # [N]
+        # [N] where the author's words not yet given to the other model begin (its sequence)
+        self.sync = torch.zeros(n, dtype=torch.long, device=home)
         self.unread = torch.zeros(n, dtype=torch.long, device=home)  # [N] bytes the senior lacks
         self.stop_reasons = torch.full((n,), int(StopReason.LENGTH), device=home)  # [N]
 
@@ -460,7 +541,6 @@ class _CrossLoop:
         for m in self.models:
             m.reader.select(keep)
             self.last[m.code] = self.last[m.code][keep]
-            self.own[m.code] = self.own[m.code][keep]
         self.rows, self.live = self.rows[keep], self.live[keep]
         self.author, self.onset = self.author[keep], self.onset[keep]
 

@@ -16,17 +16,17 @@ model ever sees a word cut in two. The rule (the word schedule's, on text):
 Reading: whenever an author's words are complete (at every proposed onset), they are
 re-tokenized into the other model's tokens and appended to its sequence, marked with their
 author. Every model reads its queue, its own drawn tokens and the other's words alike, up to
-``_READ_TOKENS`` per row and step (one batched forward per model, rows right-padded), so the
-model that is not writing reads along one word behind, and at a change of pen it has at most the
-last word left to read. An author draws once it has read everything; a row whose pen just changed
-waits a step or two. Re-tokenizing word by word equals tokenizing the whole text under such
-pre-tokenizers (``tests/engine/test_cross.py`` checks it on the tiny world); the loss never
-depends on it anyway, since it reads the senior's own sequence.
+``_READ_TOKENS`` per row and step (one batched forward per model, rows with nothing queued
+masked), so the model that is not writing reads along one word behind, and at a change of pen it
+has at most the last word left to read. An author draws once it has read everything; a row whose
+pen just changed waits a step or two. Re-tokenizing word by word equals tokenizing the whole
+text under such pre-tokenizers (``tests/engine/test_cross.py`` checks it on the tiny world);
+the loss never depends on it anyway, since it reads the senior's own sequence.
 
 What the rollout holds (``CrossRollouts``): ``tokens``/``authors`` are the senior's sequence,
 the loss's: its own tokens with the log-probs it sampled them with, and the junior's words in
-senior tokens, marked JUNIOR, with the senior's teacher-forced log-probs of them (read during the
-catch-up prefill, at no extra cost). ``junior`` holds the junior's own sequence likewise, with
+senior tokens, marked JUNIOR, with the senior's teacher-forced log-probs of them (taken as it
+reads them, at no extra cost). ``junior`` holds the junior's own sequence likewise, with
 its log-probs (the legibility metrics' per-byte figures). ``junior_logprobs`` and
 ``ref_logprobs`` are ``None``: no per-token junior figure exists on the senior's tokens.
 
@@ -62,10 +62,11 @@ from tandem.samplers.boundaries import token_surfaces
 
 # Compact the batch once this fraction of its rows has finished (as ``generate`` does).
 _COMPACT_FRACTION = 1 / 8
-# The most queued tokens a model reads per row and step: a reader that is not writing keeps up
-# with a writer (one token a step) and catches up on a backlog, without every row paying for
-# the widest backlog in the batch.
-_READ_TOKENS = 2
+# The most queued tokens a model reads per row and step. One: transformers' sdpa attention
+# reads a single query on the key/value heads as they are (grouped-query packing), but copies
+# the whole cache per layer for more (``repeat_kv``), which on the tiny world made a 2-token read
+# cost more than two 1-token ones (rollouts at 0.45 of same-vocabulary tandem, against 0.6-0.9).
+_READ_TOKENS = 1
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,7 @@ import torch
 from torch import Tensor
 
 from tandem.engine.base import JUNIOR, PAD, SENIOR, Rollouts, SamplingParams, StopReason
+from tandem.engine.cache import reserved
 from tandem.engine.draw import coin_generator, draw, score
 from tandem.engine.reader import Reader
 from tandem.samplers.boundaries import token_surfaces
@@ -64,9 +65,14 @@ from tandem.samplers.boundaries import token_surfaces
 _COMPACT_FRACTION = 1 / 8
 # The most queued tokens a model reads per row and step. One: transformers' sdpa attention
 # reads a single query on the key/value heads as they are (grouped-query packing), but copies
-# the whole cache per layer for more (``repeat_kv``), which on the tiny world made a 2-token read
-# cost more than two 1-token ones (rollouts at 0.45 of same-vocabulary tandem, against 0.6-0.9).
+# the whole cache per layer for more (``repeat_kv``). On the tiny pair, 2-token reads cut the
+# steps of a batch from 378 to 304 but made it slower (0.45 of same-vocabulary tandem against
+# 0.5); with a grouped-query attention that avoids the copy they only broke even.
 _READ_TOKENS = 1
+# Every so many steps, each cache drops the columns its rows did not read (``drop_hidden_columns``)
+# when at least ``_HIDDEN_COLUMNS_WORTH_DROPPING`` of them can go.
+_DROP_HIDDEN_EVERY = 16
+_HIDDEN_COLUMNS_WORTH_DROPPING = 16
 
 
 @dataclass(frozen=True)
@@ -285,6 +291,40 @@ class _BlockReader(Reader):
         self.position = self.position + valid.long().sum(1)
         return out.logits.float()  # [n, K, V]
 
+    def drop_hidden_columns(self) -> None:
+        """Move each row's visible cache columns to the front and drop the columns no row sees.
+
+        Every read adds a column for every row, hidden where the row read nothing, so a cache
+        grows by one column per step while rows read fewer tokens; attention reads all of them.
+        Positions are the rows' own (counted over what they read), so moving keys changes
+        nothing they attend to.
+        """
+        if self._mask_kind is None or not reserved(self.cache):
+            return
+        w = self.width
+        columns = self.mask[:, 0, 0, :w]
+        seen = columns if self._mask_kind == "sdpa" else columns == 0  # [n, w]
+        counts = seen.sum(1)  # [n]
+        keep = int(counts.max())
+        if keep > w - _HIDDEN_COLUMNS_WORTH_DROPPING:
+            return
+        order = torch.argsort((~seen).to(torch.int8), dim=1, stable=True)[:, :keep]  # [n, keep]
+        for layer in self.cache.layers:
+            k, v = layer.keys, layer.values  # [n, H_kv, w, d]
+            layer.keys = k.gather(2, order[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3]))
+            layer.values = v.gather(
+                2, order[:, None, :, None].expand(-1, v.shape[1], -1, v.shape[3])
+            )
+            layer._storage = None  # the next write reserves storage around the kept columns
+        front = torch.arange(keep, device=self.device)[None] < counts[:, None]  # [n, keep]
+        if self._mask_kind == "sdpa":
+            self.mask[:, 0, 0, :] = False
+            self.mask[:, 0, 0, :keep] = front
+        else:
+            self.mask[:, 0, 0, :] = self._hidden
+            self.mask[:, 0, 0, :keep] = torch.where(front, 0.0, self._hidden)
+        self.width = keep
+
     def _room(self, k: int) -> None:
         """Grow the mask buffer (by doubling) until ``k`` more columns fit."""
         size = self.mask.shape[-1]
@@ -335,15 +375,24 @@ class _CrossLoop:
         self.author = torch.where(coin < self.p, SENIOR, JUNIOR)  # [n]
         self.onset = torch.zeros(n, dtype=torch.bool, device=home)  # [n] must start a word
         self.live = torch.ones(n, dtype=torch.bool, device=home)  # [n]
+        self._loop()
+        return self._finish(senior_prompt, junior_prompt, g)
+
+    def _loop(self) -> None:
+        """Step until every row has finished and both models have read all of it."""
+        steps = 0
         while self.rows.numel():
             self._step()
+            steps += 1
+            if steps % _DROP_HIDDEN_EVERY == 0:
+                for m in self.models:
+                    m.reader.drop_hidden_columns()
             busy = self.live.clone()  # [n] rows still writing, or still being read
             for m in self.models:
                 busy |= self.read[m.code][self.rows] < self.length[m.code][self.rows]
             idle = int((~busy).sum())
             if idle == busy.shape[0] or idle >= max(1, _COMPACT_FRACTION * busy.shape[0]):
                 self._compact(busy.nonzero().squeeze(1))
-        return self._finish(senior_prompt, junior_prompt, g)
 
     # -- one step ------------------------------------------------------------------------------
     def _step(self) -> None:

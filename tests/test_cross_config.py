@@ -46,7 +46,9 @@ def test_the_cross_pair_config_validates(no_model_loads) -> None:
     cfg = compose_config("train", "model=tiny_cross")
     assert cfg.model.junior_name_or_path == "tiny-bpe-small"
     validate_train_config(cfg)
-    validate_eval_config(compose_config("evaluate", "junior=tiny-bpe-small", "sampler=word"))
+    validate_eval_config(
+        compose_config("evaluate", "junior=tiny-bpe-small", "sampler=word", "output_dir=x")
+    )
 
 
 def test_what_needs_one_vocabulary_is_refused_by_its_key(no_model_loads) -> None:
@@ -61,7 +63,7 @@ def test_what_needs_one_vocabulary_is_refused_by_its_key(no_model_loads) -> None
     assert "module.loss.kl_beta (0.1)" in msg and "kl_beta=0" in msg
     assert "module.backend.name ('vllm')" in msg
     # the evaluation's default handoff schedule (reasoning steps) cannot hand over text
-    msg = problems("evaluate", "junior=tiny-bpe-small")
+    msg = problems("evaluate", "junior=tiny-bpe-small", "output_dir=x")
     assert "sampler.name ('step')" in msg and "sampler=word" in msg
 
 

@@ -44,8 +44,9 @@ def test_training_with_a_junior_of_another_vocabulary(tmp_path: Path) -> None:
     metrics = run(cfg)
     assert 0.0 < metrics["train/senior_share"] < 1.0, "both models wrote"
     assert metrics["train/handoffs_per_rollout"] > 0
-    # nats per byte: a model that read the text at all is far below ln(256) = 5.5 per byte
-    assert 0.0 < metrics["train/junior_ce_per_byte"] < 5.5
+    # nats per byte of the senior's words: the trained junior reads them at 0.2-0.5, an
+    # untrained model of its shape at 2.4-3.2
+    assert 0.0 < metrics["train/junior_ce_per_byte"] < 1.0
     assert "train/kl" not in metrics, "no per-token KL to a junior of another vocabulary"
     base, trained = (
         load_file(str(TINY_WORLD / "model.safetensors")),
@@ -79,6 +80,6 @@ def test_evaluating_with_a_junior_of_another_vocabulary(tmp_path: Path, drift: b
     if drift:
         # the senior is its own base here: no drift, against the base and not the junior
         assert table["drift/kl"] == pytest.approx(0.0, abs=1e-6)
-        assert 0.0 < table["legibility/junior_ce_per_byte"] < 5.5
+        assert 0.0 < table["legibility/junior_ce_per_byte"] < 1.0
     for key in ("legibility/junior_ce", "legibility/junior_ce_pooled", "legibility/overlap"):
         assert key not in table, f"{key} does not apply across vocabularies"

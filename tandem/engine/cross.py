@@ -48,6 +48,7 @@ and the sentence and step schedules (refused by ``generate``).
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -191,6 +192,7 @@ def split_problem(tokenizer: Any, texts: Sequence[str] = PROBE_TEXTS) -> str | N
     after them does not), if decoding the tokens gives the text back, and if its words begin
     with a space-led token (the word onsets the pen passes at).
     """
+    spaced = _tables(tokenizer)[0]
     for text in texts:
         whole = tokenizer(text, add_special_tokens=False)["input_ids"]
         back = tokenizer.decode(whole, skip_special_tokens=True)
@@ -206,16 +208,15 @@ def split_problem(tokenizer: Any, texts: Sequence[str] = PROBE_TEXTS) -> str | N
                 f"tokenizing {text!r} word by word (cut before each space) gives other tokens "
                 "than tokenizing it whole: its pre-tokenizer does not split before a space"
             )
-        surfaces = token_surfaces(tokenizer)
-        if not any((surfaces[t] or b"").startswith(b" ") for t in whole):
+        if not any(bool(spaced[t]) for t in whole):
             return f"none of its tokens of {text!r} starts with a space"
     return None
 
 
 def same_vocabulary(tokenizer: Any, other: Any) -> bool:
     """Whether two tokenizers map every token to the same id (then the one-loop engine serves)."""
-    if tokenizer is other or other is None:
-        return True
+    if tokenizer is other or tokenizer is None or other is None:
+        return True  # nothing to tell them apart: the one-loop engine checks the logits' widths
     return len(tokenizer) == len(other) and tokenizer.get_vocab() == other.get_vocab()
 
 
@@ -230,25 +231,30 @@ def _cloned(x: Any) -> Any:
     return type(x)(**fields)
 
 
+# tokenizer -> its (spaced, nbytes, bound) tables, built once per tokenizer: a training run
+# generates with the same two tokenizers at every step, and a 151k vocabulary takes a while
+_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _tables(tokenizer: Any) -> tuple[Tensor, Tensor, Tensor]:
+    """``[V]`` tables over ``tokenizer``'s ids: space-led, bytes spelt, bytes once decoded."""
+    if tokenizer not in _TABLES:
+        surfaces = token_surfaces(tokenizer)
+        spaced = [s is not None and s[:1] == b" " for s in surfaces]
+        nbytes = [0 if s is None else len(s) for s in surfaces]
+        bound = [0 if s is None else len(s.decode("utf-8", "replace").encode()) for s in surfaces]
+        _TABLES[tokenizer] = (torch.tensor(spaced), torch.tensor(nbytes), torch.tensor(bound))
+    return _TABLES[tokenizer]
+
+
 def _model(model: Any, tokenizer: Any, code: int, eos: tuple[int, ...], pad: int) -> _Model:
     reader = _BlockReader(model)
-    surfaces = token_surfaces(tokenizer)
+    # ids past the tokenizer (padding rows of the logits) spell nothing and begin no word
     width = model.get_output_embeddings().weight.shape[0]
-    surfaces += [None] * (width - len(surfaces))
-    spaced = torch.tensor([s is not None and s[:1] == b" " for s in surfaces])
-    nbytes = torch.tensor([0 if s is None else len(s) for s in surfaces])
-    bound = [0 if s is None else len(s.decode("utf-8", "replace").encode()) for s in surfaces]
-    device = reader.device
-    return _Model(
-        reader,
-        tokenizer,
-        code,
-        torch.tensor(eos, dtype=torch.long, device=device),
-        pad,
-        spaced.to(device),
-        nbytes.to(device),
-        torch.tensor(bound).to(device),
-    )
+    tables = [torch.cat([t, t.new_zeros(max(0, width - t.numel()))]) for t in _tables(tokenizer)]
+    spaced, nbytes, bound = (t.to(reader.device) for t in tables)
+    eos_ids = torch.tensor(eos, dtype=torch.long, device=reader.device)
+    return _Model(reader, tokenizer, code, eos_ids, pad, spaced, nbytes, bound)
 
 
 class _BlockReader(Reader):

@@ -26,7 +26,8 @@ mask 0, and the batch is compacted (rows dropped from both caches and from the s
 once an eighth of it has finished.
 
 What this file leaves out: how tokens are drawn (``draw``), how a cache is read (``reader``),
-who authors (``tandem.samplers``), and scaled-out serving (a vLLM backend, elsewhere).
+who authors (``tandem.samplers``), a junior with a tokenizer of its own (``tandem.engine.cross``,
+to which ``generate`` hands such a pair), and scaled-out serving (a vLLM backend, elsewhere).
 """
 
 from __future__ import annotations
@@ -115,8 +116,9 @@ def _cross(senior, junior, prompts, sampler, params, tokenizer, junior_tokenizer
         raise ValueError(
             f"the junior's tokenizer differs from the senior's, so the pair writes through "
             f"tandem.engine.cross, which serves the word sampler only, with both tokenizers; "
-            f"got {sampler!r} and tokenizer={tokenizer!r}. Use sampler=word (or solo without "
-            "the junior), or a junior with the senior's tokenizer."
+            f"got {sampler!r}{' and no tokenizer' if tokenizer is None else ''}. Use "
+            "sampler=word with tokenizer=<the senior's> (or solo without the junior), or a "
+            "junior with the senior's tokenizer."
         )
     return generate_cross(
         senior,

@@ -236,3 +236,16 @@ def _trailing_space_tokenizer() -> PreTrainedTokenizerFast:
 def test_a_tokenizer_that_cannot_cut_before_a_space_is_named() -> None:
     why = split_problem(_trailing_space_tokenizer())
     assert why is not None and "pre-tokenizer does not split before a space" in why
+
+
+def test_vllm_refuses_a_cross_pair_and_names_the_fix(
+    senior, small_junior, tokenizer, junior_tokenizer, monkeypatch
+) -> None:
+    import importlib.util
+
+    from tandem.engine import build_backend
+
+    # as if vLLM were installed: the refusal comes before any vLLM engine is built
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
+    with pytest.raises(ValueError, match=r"module\.backend\.name=torch"):
+        build_backend("vllm", senior, small_junior, tokenizer, junior_tokenizer=junior_tokenizer)

@@ -6,7 +6,8 @@ group is known, whether it came from a file or was added with ``+``: groups that
 are checked against its constructor's signature (the module, its optimizer, scheduler, loss and
 backend, ``generation`` against ``SamplingParams``, the sampler, the reward, the data source, the
 trainer, the loggers); the others against the keys the run reads (``conf/train.yaml`` for the
-top level).
+top level). A junior with a tokenizer of its own is checked as a pair (``check_pair``) from the
+two tokenizers alone, before either model loads.
 
 What this file leaves out: composing the config (Hydra) and building objects from it
 (``tandem.train``).
@@ -24,12 +25,15 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from tandem.assets import resolve
 from tandem.data.checks import check_hf_source
 from tandem.engine import SamplingParams
+from tandem.engine.cross import same_vocabulary, split_problem
 from tandem.errors import ConfigError
 from tandem.metrics.base import ROLLOUT_INPUTS
+from tandem.metrics.per_byte import cross_vocabulary_problem
 from tandem.modules.loss import ADVANTAGE_MODES, OLD_LOGPROB_SOURCES, LossConfig
-from tandem.modules.models import DTYPES, check_model_path
+from tandem.modules.models import DTYPES, check_model_path, load_tokenizer
 from tandem.registry import (
     BACKENDS,
     DATASETS,
@@ -42,7 +46,13 @@ from tandem.registry import (
 )
 from tandem.samplers.boundaries import tables_from_surfaces
 
-__all__ = ["ConfigError", "check_component", "config_error_message", "validate_train_config"]
+__all__ = [
+    "ConfigError",
+    "check_component",
+    "check_pair",
+    "config_error_message",
+    "validate_train_config",
+]
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 MONITORS = ("val/tandem/accuracy", "val/solo/accuracy")
@@ -157,6 +167,8 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
     for where, spec in _indexed("logger", c.get("logger")):
         _check_target(problems, where, spec)
     _check_model(problems, c.get("model") or {})
+    if not problems:  # both models' folders are there: their tokenizers can be read
+        check_pair(problems, c)
     _check_data(problems, _resolved(cfg, "data", c.get("data")))
     if problems:
         raise ConfigError(
@@ -454,6 +466,64 @@ def _check_model(problems: list[str], model: dict) -> None:
         value = model.get(key)
         required = key == "name_or_path"
         if (required or value is not None) and (msg := check_model_path(value, f"model.{key}")):
+            problems.append(msg)
+
+
+def check_pair(problems: list[str], c: dict) -> None:
+    """A junior with a tokenizer of its own (``tandem.engine.cross``): both tokenizers must
+    split before a space, and what needs one shared vocabulary is refused, each naming its key.
+
+    Only the tokenizers load here (small files), never the models.
+    """
+    model = c.get("model") or {}
+    senior, junior = model.get("name_or_path"), model.get("junior_name_or_path")
+    if junior is None or resolve(junior) == resolve(senior):
+        return
+    try:
+        tokenizers = {
+            key: load_tokenizer(v)
+            for key, v in (("name_or_path", senior), ("junior_name_or_path", junior))
+        }
+    except Exception as err:  # a folder or hub name whose tokenizer does not load
+        problems.append(f"model: the tokenizers of {senior!r} and {junior!r} do not load: {err}")
+        return
+    if same_vocabulary(*tokenizers.values()):
+        return
+    for key, tok in tokenizers.items():
+        if why := split_problem(tok):
+            problems.append(
+                f"model.{key} ({model.get(key)!r}): its tokenizer cannot share words with a "
+                f"partner of another vocabulary: {why}. Handing words over as text needs both "
+                "pre-tokenizers to split before a space (byte-level BPE with a Qwen, GPT-2 or "
+                "Llama 3 pattern does). Pair it with a junior of its own tokenizer instead."
+            )
+    cross = "model.junior_name_or_path has a tokenizer of its own (a cross-vocabulary pair)"
+    samplers = [("sampler", c.get("sampler"))]
+    if (c.get("validation") or {}).get("sampler") is not None:
+        samplers.append(("validation.sampler", c["validation"]["sampler"]))
+    for key, spec in samplers:
+        name = spec.get("name") if isinstance(spec, dict) else spec
+        if name not in ("word", "solo"):
+            problems.append(
+                f"{key}.name ({name!r}): {cross}, which writes with the word sampler only (the "
+                f"pen passes before a space-led word). Set {key}=word, or use a junior that "
+                "shares the senior's tokenizer."
+            )
+    m = c.get("module") or {}
+    kl = (m.get("loss") or {}).get("kl_beta", 0.0)
+    if isinstance(kl, int | float) and kl > 0:
+        problems.append(
+            f"module.loss.kl_beta ({kl}): {cross}, so there is no junior log-prob of the "
+            "senior's tokens to take a per-token KL toward. Set module.loss.kl_beta=0."
+        )
+    backend = (m.get("backend") or {}).get("name", "torch")
+    if backend != "torch":
+        problems.append(
+            f"module.backend.name ({backend!r}): {cross}, which only the torch engine serves. "
+            "Set module.backend.name=torch."
+        )
+    for name, metric in (c.get("metrics") or {}).items():
+        if msg := cross_vocabulary_problem(f"metrics.{name}", metric):
             problems.append(msg)
 
 

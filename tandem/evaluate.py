@@ -94,8 +94,15 @@ def _run(cfg: DictConfig) -> dict[str, Any]:
         progress=cfg.progress,
         metrics=c["metrics"],
         backend=build_backend(
-            c.get("backend", "torch"), pair.senior, pair.junior, pair.tokenizer, seed=cfg.seed
+            c.get("backend", "torch"),
+            pair.senior,
+            pair.junior,
+            pair.tokenizer,
+            junior_tokenizer=pair.junior_tokenizer,
+            seed=cfg.seed,
         ),
+        junior_tokenizer=pair.junior_tokenizer,
+        base=pair.base,
     )
     tables, reports = {}, {}
     try:

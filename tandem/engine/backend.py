@@ -27,6 +27,7 @@ from typing import Any, Protocol
 from torch import Tensor
 
 from tandem.engine.base import Rollouts, SamplingParams
+from tandem.engine.cross import same_vocabulary
 from tandem.engine.generate import generate
 from tandem.registry import BACKENDS
 from tandem.samplers.base import Sampler
@@ -64,10 +65,19 @@ class TorchBackend:
         senior: the senior Hugging Face causal LM (sampled as it is: always current).
         junior: the junior, or None (solo samplers only).
         tokenizer: decodes ``Rollouts.texts``.
+        junior_tokenizer: the junior's, when its vocabulary may differ (``tandem.engine.cross``);
+            None: the junior shares ``tokenizer``.
     """
 
-    def __init__(self, senior: Any, junior: Any | None = None, tokenizer: Any = None) -> None:
+    def __init__(
+        self,
+        senior: Any,
+        junior: Any | None = None,
+        tokenizer: Any = None,
+        junior_tokenizer: Any = None,
+    ) -> None:
         self.senior, self.junior, self.tokenizer = senior, junior, tokenizer
+        self.junior_tokenizer = junior_tokenizer
         self.weights_step = -1
 
     def generate(
@@ -81,7 +91,15 @@ class TorchBackend:
         """Rollouts; the junior reads along when ``junior`` (None: when the sampler needs it)."""
         use = junior if junior is not None else not getattr(sampler, "solo", True)
         model = self.junior if use else None
-        return generate(self.senior, model, prompts, sampler, params, tokenizer=self.tokenizer)
+        return generate(
+            self.senior,
+            model,
+            prompts,
+            sampler,
+            params,
+            tokenizer=self.tokenizer,
+            junior_tokenizer=self.junior_tokenizer,
+        )
 
     def load_weights(self, weights: Weights, step: int) -> None:
         """Copy ``weights`` into the senior (a no-op for the trainer, who shares the module)."""
@@ -100,7 +118,12 @@ _warned: set[str] = set()
 
 
 def build_backend(
-    name: str, senior: Any, junior: Any | None, tokenizer: Any, **options: Any
+    name: str,
+    senior: Any,
+    junior: Any | None,
+    tokenizer: Any,
+    junior_tokenizer: Any = None,
+    **options: Any,
 ) -> Backend:
     """The backend ``name`` for these models; the torch engine, said once, if vLLM is missing.
 
@@ -108,7 +131,8 @@ def build_backend(
         name: a ``BACKENDS`` name (``torch``, ``vllm``).
         senior, junior: Hugging Face models (vLLM reads the folders they were loaded from and
             keeps its own copy of the weights).
-        tokenizer: the shared tokenizer.
+        tokenizer: the senior's tokenizer (the junior's too, unless ``junior_tokenizer``).
+        junior_tokenizer: a junior of another vocabulary's tokenizer: the torch engine only.
         options: the backend's own arguments (``tandem.engine.vllm_backend.VLLMBackend``).
     """
     if name == "vllm" and importlib.util.find_spec("vllm") is None:
@@ -120,5 +144,11 @@ def build_backend(
             )
         name, options = "torch", {}
     if name == "torch":
-        return TorchBackend(senior, junior, tokenizer)
+        return TorchBackend(senior, junior, tokenizer, junior_tokenizer)
+    if not same_vocabulary(tokenizer, junior_tokenizer):
+        raise ValueError(
+            f"backend={name} serves a junior with the senior's tokenizer only, and this junior "
+            "has a vocabulary of its own. Use module.backend.name=torch: its cross-vocabulary "
+            "engine (tandem.engine.cross) hands words over as text."
+        )
     return BACKENDS.get(name).from_models(senior, junior, tokenizer, **options)

@@ -26,7 +26,8 @@ mask 0, and the batch is compacted (rows dropped from both caches and from the s
 once an eighth of it has finished.
 
 What this file leaves out: how tokens are drawn (``draw``), how a cache is read (``reader``),
-who authors (``tandem.samplers``), and scaled-out serving (a vLLM backend, elsewhere).
+who authors (``tandem.samplers``), a junior with a tokenizer of its own (``tandem.engine.cross``,
+to which ``generate`` hands such a pair), and scaled-out serving (a vLLM backend, elsewhere).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import torch
 from torch import Tensor
 
 from tandem.engine.base import JUNIOR, PAD, SENIOR, Rollouts, SamplingParams, StopReason
+from tandem.engine.cross import generate_cross, same_vocabulary
 from tandem.engine.draw import (
     Scores,
     coin_generator,
@@ -52,6 +54,7 @@ from tandem.engine.draw import (
 from tandem.engine.reader import Reader, move
 from tandem.samplers.base import Handoff, Sampler
 from tandem.samplers.solo import SoloSampler
+from tandem.samplers.word import WordSampler
 
 # Compact the batch once this fraction of its rows has finished.
 _COMPACT_FRACTION = 1 / 8
@@ -65,6 +68,7 @@ def generate(
     params: SamplingParams | None = None,
     *,
     tokenizer: Any = None,
+    junior_tokenizer: Any = None,
 ) -> Rollouts:
     """Generate ``len(prompts) * params.samples_per_prompt`` rollouts written by two models.
 
@@ -76,6 +80,8 @@ def generate(
         sampler: who authors each token; ``None`` is the solo sampler.
         params: sampling parameters; ``None`` is ``SamplingParams()``.
         tokenizer: decodes ``Rollouts.texts`` and supplies the pad id; optional.
+        junior_tokenizer: the junior's, when it may differ from ``tokenizer``: a junior of
+            another vocabulary writes with the word sampler through ``tandem.engine.cross``.
 
     Returns:
         Rollouts on the senior's device, rows prompt-major.
@@ -87,6 +93,8 @@ def generate(
             f"{sampler!r} hands tokens to the junior, but junior is None. Pass the junior "
             "model, or use the solo sampler for solo generation."
         )
+    if junior is not None and not same_vocabulary(tokenizer, junior_tokenizer):
+        return _cross(senior, junior, prompts, sampler, params, tokenizer, junior_tokenizer)
     eos = _eos_ids(senior, params)
     pad = _pad_id(senior, tokenizer, eos)
     ids, mask = _left_pad(prompts, pad)
@@ -100,6 +108,27 @@ def generate(
         rows = [row[:n].tolist() for row, n in zip(out["tokens"], out["lengths"], strict=True)]
         texts = tokenizer.batch_decode(rows, skip_special_tokens=True)
     return Rollouts(**out, pad_token_id=pad, texts=texts)
+
+
+def _cross(senior, junior, prompts, sampler, params, tokenizer, junior_tokenizer) -> Rollouts:
+    """A junior of another vocabulary: the word schedule on text (``tandem.engine.cross``)."""
+    if not isinstance(sampler, WordSampler) or tokenizer is None:
+        raise ValueError(
+            f"the junior's tokenizer differs from the senior's, so the pair writes through "
+            f"tandem.engine.cross, which serves the word sampler only, with both tokenizers; "
+            f"got {sampler!r}{' and no tokenizer' if tokenizer is None else ''}. Use "
+            "sampler=word with tokenizer=<the senior's> (or solo without the junior), or a "
+            "junior with the senior's tokenizer."
+        )
+    return generate_cross(
+        senior,
+        junior,
+        prompts,
+        sampler.p,
+        params,
+        tokenizer=tokenizer,
+        junior_tokenizer=junior_tokenizer,
+    )
 
 
 class _Loop:

@@ -1,6 +1,7 @@
 """Checking a composed evaluation config before any model loads or any dataset downloads.
 
 Every problem is collected and reported at once, naming the key, the value, the rule and the fix.
+A junior with a tokenizer of its own is checked as a pair from the two tokenizers alone.
 
 What this file leaves out: the training config's checks (``tandem.config``, whose component
 check is reused here for the sampler and the reward).
@@ -14,8 +15,10 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from tandem.config import ConfigError, check_component, check_metrics, check_sampler
-from tandem.evaluation.models import is_checkpoint
-from tandem.modules.models import check_model_path
+from tandem.engine.cross import same_vocabulary, split_problem
+from tandem.evaluation.models import is_checkpoint, senior_base
+from tandem.metrics.per_byte import cross_vocabulary_problem
+from tandem.modules.models import check_model_path, load_tokenizer
 from tandem.registry import DATASETS, REWARDS
 
 SAMPLING = {
@@ -37,6 +40,8 @@ def validate_eval_config(cfg: DictConfig) -> None:
     check_component(problems, "reward", c.get("reward"), REWARDS)
     check_metrics(problems, "metrics", c.get("metrics"))
     _check_models(problems, c)
+    if not problems:
+        _check_cross_pair(problems, c)
     for key in ("batch_size", "forcing_batch_size"):
         if not (_int(c.get(key)) and c[key] > 0):
             problems.append(f"{key} ({c.get(key)!r}) must be a positive integer.")
@@ -73,6 +78,38 @@ def _check_models(problems: list[str], c: dict[str, Any]) -> None:
             if not Path(value).expanduser().exists():
                 problems.append(f"{key} ({value!r}) is not a checkpoint that exists.")
         elif msg := check_model_path(value, key):
+            problems.append(msg)
+
+
+def _check_cross_pair(problems: list[str], c: dict[str, Any]) -> None:
+    """A junior with a tokenizer of its own: both tokenizers must split before a space, and the
+    handoff pass must use the word sampler (the only one that hands words over as text)."""
+    junior, senior = c.get("junior"), c.get("senior")
+    if not isinstance(junior, str) or not isinstance(senior, str):
+        return
+    try:
+        base = senior_base(senior) if is_checkpoint(senior) else senior
+        tokenizers = {"senior": load_tokenizer(base), "junior": load_tokenizer(junior)}
+    except Exception as err:  # a folder or hub name whose tokenizer does not load
+        problems.append(f"the tokenizers of senior and junior do not load: {err}")
+        return
+    if same_vocabulary(*tokenizers.values()):
+        return
+    for key, tok in tokenizers.items():
+        if why := split_problem(tok):
+            problems.append(
+                f"{key} ({c[key]!r}): its tokenizer cannot share words with a partner of another "
+                f"vocabulary: {why}. Both pre-tokenizers must split before a space."
+            )
+    name = (c.get("sampler") or {}).get("name")
+    if c.get("handoff") and name != "word":
+        problems.append(
+            f"sampler.name ({name!r}): junior ({junior!r}) has a tokenizer of its own, and a "
+            "cross-vocabulary pair writes with the word sampler only. Set sampler=word, or "
+            "handoff=false."
+        )
+    for key, metric in (c.get("metrics") or {}).items():
+        if msg := cross_vocabulary_problem(f"metrics.{key}", metric):
             problems.append(msg)
 
 

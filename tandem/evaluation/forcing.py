@@ -6,6 +6,10 @@ pass per model over ``[prompt | response]``, not new sampling. Rows are left-pad
 right-padded responses (as ``Rollouts`` hold them); explicit positions count real tokens only,
 so padding never shifts a row. Work runs in chunks of rows, each trimmed to its longest response.
 
+A junior of another vocabulary cannot be forced on the senior's tokens: ``junior_logprobs``
+re-tokenizes each row's prompt and response text into the junior's own tokens and forces it on
+those, for legibility per byte (``tandem.metrics.per_byte``).
+
 What this file leaves out: what is computed from the distributions (``tandem.metrics``) and the
 log-probs of the policy update (``tandem.modules.logprobs``, which keeps only emitted tokens).
 """
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -85,3 +90,40 @@ def forced_chunks(
         chunk = (prompt_tokens[rows], prompt_mask[rows], tokens[rows, :t], mask[rows, :t])
         logits = [response_logits(m, *chunk) for m in models]
         yield Forced(rows, chunk[2], chunk[3], logits)
+
+
+def junior_logprobs(
+    junior: torch.nn.Module,
+    junior_tokenizer: Any,
+    prompts: Sequence[str],
+    responses: Sequence[str],
+    batch_size: int,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The junior's log-prob of each of its own tokens of ``responses`` after ``prompts``.
+
+    Returns:
+        ``logprobs [N, T']``, the junior's response ids ``[N, T']`` and their mask ``[N, T']``.
+    """
+    enc = lambda texts: junior_tokenizer(list(texts), add_special_tokens=False)["input_ids"]  # noqa: E731
+    p_ids, r_ids = enc(prompts), enc(responses)
+    prompt_tokens, prompt_mask = _pad(p_ids, left=True)  # [N, P']
+    tokens, mask = _pad(r_ids, left=False)  # [N, T']
+    out = torch.zeros(tokens.shape)
+    for chunk in forced_chunks([junior], prompt_tokens, prompt_mask, tokens, mask, batch_size):
+        t = chunk.tokens.shape[1]
+        logits = chunk.logits[0].float()  # [n, T, V]
+        picked = logits.log_softmax(-1).gather(-1, chunk.tokens.to(logits.device)[..., None])
+        out[chunk.rows, :t] = torch.where(chunk.mask, picked.squeeze(-1).cpu(), 0.0)
+    return out, tokens, mask
+
+
+def _pad(rows: Sequence[Sequence[int]], left: bool) -> tuple[Tensor, Tensor]:
+    """``ids [N, W]`` padded with 0 (left or right) and their ``mask [N, W]`` (bool)."""
+    width = max(1, max(len(r) for r in rows))
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.bool)
+    for i, r in enumerate(rows):
+        cols = slice(width - len(r), width) if left else slice(0, len(r))
+        ids[i, cols] = torch.tensor(r, dtype=torch.long)
+        mask[i, cols] = True
+    return ids, mask

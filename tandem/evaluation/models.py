@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
+from tandem.engine.cross import same_vocabulary
 from tandem.modules.export import export_checkpoint
 from tandem.modules.models import load_causal_lm, load_tokenizer, resolve
 from tandem.runs.checkpoints import is_distributed_checkpoint, read_checkpoint
@@ -38,6 +39,9 @@ class ModelPair:
     tokenizer: Any
     senior_path: str
     junior_path: str
+    # a junior of another vocabulary: its tokenizer, and the senior's base for drift
+    junior_tokenizer: Any = None
+    base: torch.nn.Module | None = None
 
 
 def is_checkpoint(name_or_path: str) -> bool:
@@ -85,7 +89,8 @@ def load_pair(
         device: the senior's device; the junior's too unless ``junior_device`` is set.
         junior_device: the junior's own device.
     """
-    junior = junior or senior_base(senior)
+    base = senior_base(senior)
+    junior = junior or base
     senior_path = senior
     if is_checkpoint(senior):
         senior_path = str(export_checkpoint(senior, Path(output_dir) / "senior"))
@@ -96,7 +101,16 @@ def load_pair(
         junior_model = senior_model
     else:
         junior_model = _load(junior, dtype, junior_device or device)
-    return ModelPair(senior_model, junior_model, load_tokenizer(senior_path), senior_path, junior)
+    tokenizer, junior_tokenizer = load_tokenizer(senior_path), load_tokenizer(junior)
+    if same_vocabulary(tokenizer, junior_tokenizer):
+        return ModelPair(senior_model, junior_model, tokenizer, senior_path, junior)
+    # another family: drift is still measured against the senior's own base
+    base_model = (
+        senior_model if resolve(base) == resolve(senior_path) else _load(base, dtype, device)
+    )
+    return ModelPair(
+        senior_model, junior_model, tokenizer, senior_path, junior, junior_tokenizer, base_model
+    )
 
 
 def _load(path: str, dtype: str, device: str) -> torch.nn.Module:

@@ -10,6 +10,12 @@ For each set, up to two sampling passes over its problems, ``n`` samples each:
 - ``handoff``: senior and junior together under the handoff sampler (the reasoning-step
   schedule by default), with the senior's token share and the handoffs per rollout.
 
+Legibility is also measured per byte of the senior's text (``junior_ce_per_byte``), the figure
+that holds across vocabularies. With a junior of another vocabulary (``junior_tokenizer``), the
+per-token junior cross-entropies and the overlap do not apply and are not measured; drift is then
+taken against the senior's own base (``base``), and the junior is teacher-forced on its own
+tokens of the senior's text.
+
 Each pass scores every sample with the reward, feeds the metrics (``tandem.metrics``), and
 writes every rollout as a JSONL record. Seeds depend on (seed, pass, batch) only, so a rerun
 draws the same samples.
@@ -28,7 +34,8 @@ from torchmetrics import MeanMetric, Metric
 from tqdm.auto import tqdm
 
 from tandem.engine import SENIOR, Rollouts, StopReason, TorchBackend
-from tandem.evaluation.forcing import forced_chunks
+from tandem.engine.cross import same_vocabulary
+from tandem.evaluation.forcing import forced_chunks, junior_logprobs
 from tandem.evaluation.records import RecordWriter, build_records
 from tandem.evaluation.sets import EvalSet, Problems, load_problems
 from tandem.metrics import (
@@ -41,6 +48,7 @@ from tandem.metrics import (
     token_overlap,
 )
 from tandem.metrics.base import build_metrics, measure, values
+from tandem.metrics.per_byte import JuniorBytesCrossEntropy, byte_table
 from tandem.registry import SAMPLERS
 from tandem.rewards import Verdict
 
@@ -53,7 +61,7 @@ class Evaluator:
     Args:
         senior: the Hugging Face causal LM under evaluation.
         junior: its frozen partner and the reference of drift (by default its base).
-        tokenizer: the tokenizer both share.
+        tokenizer: the senior's tokenizer (the junior's too, unless ``junior_tokenizer``).
         reward: a reward with ``verify(texts, golds)`` (``tandem.rewards``).
         sampler: registry name (``name``) and arguments of the handoff sampler.
         batch_size: rollouts per generate call (``batch_size // n`` prompts, at least one).
@@ -65,6 +73,9 @@ class Evaluator:
         backend: what samples (``tandem.engine.build_backend``); None: the torch engine.
         metrics: what every pass's rollouts also feed, ``{key: a METRICS name}``, in the
             table as ``<pass>/<key>`` (the handoff pass's team statistics by default).
+        junior_tokenizer: a junior of another vocabulary's tokenizer (None: ``tokenizer``).
+        base: the reference of drift, the senior's base (None: the junior, which is the base
+            by default); required with a junior of another vocabulary when ``drift``.
     """
 
     def __init__(
@@ -85,6 +96,8 @@ class Evaluator:
         progress: bool = True,
         backend: Any = None,
         metrics: dict[str, str] | None = None,
+        junior_tokenizer: Any = None,
+        base: torch.nn.Module | None = None,
     ) -> None:
         assert solo or not drift, "drift is measured on the solo outputs: set solo=true"
         self.senior, self.junior, self.tokenizer, self.reward = senior, junior, tokenizer, reward
@@ -94,7 +107,20 @@ class Evaluator:
         self.modes = [m for m, on in zip(MODES, (solo, handoff), strict=True) if on]
         self.drift = drift
         self.configured = dict(metrics or {})
-        self.backend = backend if backend is not None else TorchBackend(senior, junior, tokenizer)
+        self.junior_tokenizer = junior_tokenizer
+        self.cross = not same_vocabulary(tokenizer, junior_tokenizer)
+        # drift is measured against the senior's base; a same-vocabulary junior is that base
+        self.base = base if base is not None else junior
+        if self.cross and drift and base is None:
+            raise ValueError(
+                "the junior has a vocabulary of its own, so drift needs the senior's base as a "
+                "model of its own: pass base=<the senior's base model> (tandem.evaluation."
+                "models.load_pair loads it), or set drift=false."
+            )
+        self.bytes = byte_table(tokenizer)  # [V] for the per-byte legibility of a shared vocab
+        if backend is None:
+            backend = TorchBackend(senior, junior, tokenizer, junior_tokenizer)
+        self.backend = backend
 
     def run(self, eval_set: EvalSet) -> tuple[dict[str, float], Problems]:
         """Every pass on one set: its table (metric -> value) and the problems it used."""
@@ -159,14 +185,16 @@ class Evaluator:
         }
         out.update(build_metrics(self.configured))
         if mode == "solo" and self.drift:
-            out.update(
-                {
-                    "drift/kl": TokenKL(),
-                    "legibility/junior_ce": JuniorCrossEntropy(),
-                    "legibility/junior_ce_pooled": PooledJuniorCrossEntropy(),
-                    "legibility/overlap": DistributionOverlap(),
-                }
-            )
+            out["drift/kl"] = TokenKL()
+            out["legibility/junior_ce_per_byte"] = JuniorBytesCrossEntropy()
+            if not self.cross:  # per-token figures need one vocabulary (tandem.metrics.per_byte)
+                out.update(
+                    {
+                        "legibility/junior_ce": JuniorCrossEntropy(),
+                        "legibility/junior_ce_pooled": PooledJuniorCrossEntropy(),
+                        "legibility/overlap": DistributionOverlap(),
+                    }
+                )
         return out
 
     def build_sampler(self, mode: str) -> Any:
@@ -192,6 +220,8 @@ class Evaluator:
 
     def force(self, metrics: dict[str, Metric], rollouts: Rollouts) -> dict[str, Tensor]:
         """Drift and legibility on a solo batch by teacher forcing both models."""
+        if self.cross:
+            return self.force_cross(metrics, rollouts)
         p = rollouts.prompt_tokens.shape[1]
         prompt_mask = torch.arange(p) >= (p - rollouts.prompt_lengths.cpu())[:, None]  # [N, P]
         shape = rollouts.tokens.shape
@@ -220,6 +250,38 @@ class Evaluator:
             # the [n, T] log-probs just computed: no second log-softmax over the vocabulary
             for key in ("legibility/junior_ce", "legibility/junior_ce_pooled"):
                 metrics[key].update(values["junior_logprobs"], mask.to(j.device))
+            sizes = self.bytes.to(j.device)[
+                chunk.tokens.to(j.device).clamp(max=len(self.bytes) - 1)
+            ]
+            metrics["legibility/junior_ce_per_byte"].update(values["junior_logprobs"], sizes, mask)
             for k, v in values.items():
                 per_token[k][chunk.rows, :t] = torch.where(mask, v.cpu(), 0.0)
         return per_token
+
+    def force_cross(self, metrics: dict[str, Metric], rollouts: Rollouts) -> dict[str, Tensor]:
+        """Drift against the senior's base on its own tokens; the junior's legibility per byte
+        on its own tokens of the same text (a junior of another vocabulary)."""
+        p = rollouts.prompt_tokens.shape[1]
+        prompt_mask = torch.arange(p) >= (p - rollouts.prompt_lengths.cpu())[:, None]  # [N, P]
+        kl = torch.zeros(rollouts.tokens.shape)
+        models = [self.senior, self.base]
+        args = (rollouts.prompt_tokens.cpu(), prompt_mask, rollouts.tokens.cpu())
+        for chunk in forced_chunks(models, *args, rollouts.mask.cpu(), self.forcing_batch_size):
+            s, b = chunk.logits[0], chunk.logits[1].to(chunk.logits[0].device)  # [n, T, V]
+            mask = chunk.mask & (
+                rollouts.authors.cpu()[chunk.rows, : chunk.tokens.shape[1]] == SENIOR
+            )
+            metrics["drift/kl"].update(s, b, mask)
+            kl[chunk.rows, : chunk.tokens.shape[1]] = torch.where(
+                mask, kl_divergence(s, b).cpu(), 0.0
+            )
+        prompts = [
+            self.tokenizer.decode(row[m].tolist())
+            for row, m in zip(rollouts.prompt_tokens.cpu(), prompt_mask, strict=True)
+        ]
+        lps, tokens, mask = junior_logprobs(
+            self.junior, self.junior_tokenizer, prompts, rollouts.texts, self.forcing_batch_size
+        )
+        sizes = byte_table(self.junior_tokenizer, int(tokens.max()) + 1)[tokens]  # [N, T']
+        metrics["legibility/junior_ce_per_byte"].update(lps, sizes, mask)
+        return {"kl": kl}

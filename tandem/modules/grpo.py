@@ -44,7 +44,9 @@ from torch.optim.lr_scheduler import LRScheduler
 from tandem.data.datamodule import PromptBatch
 from tandem.engine import JUNIOR, SENIOR, Rollouts, SamplingParams, StopReason, build_backend
 from tandem.engine.backend import TorchBackend
+from tandem.engine.cross import CrossRollouts
 from tandem.metrics.base import build_metrics, measure, values
+from tandem.metrics.per_byte import JuniorBytesCrossEntropy, byte_table
 from tandem.modules.checks import check_rollouts
 from tandem.modules.logprobs import sequence_logprobs
 from tandem.modules.loss import (
@@ -149,6 +151,7 @@ class TandemGRPO(L.LightningModule):
         self.solo_sampler = SAMPLERS.build("solo", tokenizer=self.tokenizer)
         self.reward = REWARDS.build(reward["name"], **_args(reward))
         self.backend = None  # built at the first rollout, once the junior is lent
+        self._bytes: Tensor | None = None  # [V] bytes per senior token, for legibility
         self.weights_lag = 0  # optimizer steps the sampled weights are behind the senior
 
     # -- model ---------------------------------------------------------------------------------
@@ -166,6 +169,11 @@ class TandemGRPO(L.LightningModule):
     @property
     def junior(self) -> torch.nn.Module | None:
         return None if self.junior_holder is None else self.junior_holder.model
+
+    @property
+    def junior_tokenizer(self) -> Any:
+        """The junior's tokenizer (another family's, or the senior's own); None without one."""
+        return None if self.junior_holder is None else self.junior_holder.tokenizer
 
     def configure_optimizers(self) -> Any:
         opt = self.make_optimizer(self.senior.parameters())
@@ -207,7 +215,14 @@ class TandemGRPO(L.LightningModule):
         if self.backend is None:
             spec = dict(self.hparams.backend or {"name": "torch"})
             name = spec.pop("name")
-            self.backend = build_backend(name, self.senior, self.junior, self.tokenizer, **spec)
+            self.backend = build_backend(
+                name,
+                self.senior,
+                self.junior,
+                self.tokenizer,
+                junior_tokenizer=self.junior_tokenizer,
+                **spec,
+            )
         # new senior weights go into the backend (every sync_every steps for vLLM): the lag is
         # logged with every batch, so a stale engine shows
         self.backend.sync(self.senior, self.global_step)
@@ -385,6 +400,7 @@ class TandemGRPO(L.LightningModule):
             **{f"time/{k}": torch.tensor(v) for k, v in seconds.items()},
             "time/step": torch.tensor(total),
             "time/tokens_per_second": rollouts.mask.sum() / max(total, 1e-9),
+            **self.legibility(rollouts),
         }
         self.log_dict(
             {k: torch.as_tensor(v, dtype=torch.float32) for k, v in values.items()},
@@ -407,6 +423,28 @@ class TandemGRPO(L.LightningModule):
             self.log_rollout_texts(
                 rollout_table(rollouts, rewards, self.tokenizer, self.hparams.rollouts_to_log)
             )
+
+    def legibility(self, rollouts: Rollouts) -> dict[str, Tensor]:
+        """``train/junior_ce_per_byte``: the junior's nats per byte of the senior's words, as
+        the engine recorded them (its own tokens across vocabularies, the shared ones else);
+        nothing when the junior did not read along."""
+        metric = JuniorBytesCrossEntropy()
+        if isinstance(rollouts, CrossRollouts) and rollouts.junior is not None:
+            j = rollouts.junior
+            metric.update(j.logprobs.cpu(), j.byte_lengths.cpu(), j.authors.cpu() == SENIOR)
+        elif rollouts.junior_logprobs is not None:
+            if self._bytes is None:
+                self._bytes = byte_table(self.tokenizer)
+            tokens = rollouts.tokens.cpu()
+            table = self._bytes
+            if int(tokens.max()) >= table.numel():  # ids past the tokenizer: padding rows
+                table = torch.cat([table, table.new_zeros(int(tokens.max()) + 1 - table.numel())])
+            sizes = table[tokens]  # [N, T]
+            metric.update(rollouts.junior_logprobs.cpu(), sizes, rollouts.senior_mask.cpu())
+        else:
+            return {}
+        value = metric.compute()
+        return {} if value.isnan() else {"train/junior_ce_per_byte": value.float()}
 
     def log_rollout_texts(self, text: str) -> None:
         for logger in self.loggers:

@@ -5,7 +5,9 @@ holder, *not* as a submodule. So it is never in the optimizer, never in a checkp
 base checkpoint, always reloadable), never wrapped by FSDP or DDP, and never in ``.train()``. It
 doubles as the reference model for KL terms and drift metrics.
 
-By default the junior is the checkpoint the senior starts from (the paper's choice). On GPUs it
+By default the junior is the checkpoint the senior starts from (the paper's choice). A junior of
+another family (its own tokenizer) is held with its tokenizer, which the engine needs to hand
+words over as text (``tandem.engine.cross``). On GPUs it
 can live on its own device (``device: cuda:1``), since the engine assumes nothing about where
 either model lives.
 
@@ -20,16 +22,18 @@ from typing import Any
 import lightning as L
 import torch
 
-from tandem.modules.models import load_causal_lm
+from tandem.modules.models import load_causal_lm, load_tokenizer
 
 log = logging.getLogger(__name__)
 
 
 class FrozenModel:
-    """A model held outside ``nn.Module`` attribute registration (so never a submodule)."""
+    """A model held outside ``nn.Module`` attribute registration (so never a submodule), with
+    its tokenizer (a junior of another family reads and writes in its own tokens)."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, tokenizer: Any = None) -> None:
         self.model = model
+        self.tokenizer = tokenizer
 
     @property
     def device(self) -> torch.device:
@@ -56,7 +60,7 @@ class JuniorCallback(L.Callback):
             model = load_causal_lm(self.name_or_path, self.dtype)
             model.requires_grad_(False)
             model.eval()
-            self.holder = FrozenModel(model)
+            self.holder = FrozenModel(model, load_tokenizer(self.name_or_path))
             log.info("junior %s loaded and frozen", self.name_or_path)
         device = torch.device(self.device) if self.device else pl_module.device
         self.holder.model.to(device)

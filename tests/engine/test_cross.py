@@ -1,0 +1,251 @@
+"""A junior of another vocabulary (``tandem.engine.cross``): the tiny world's base as senior and
+``tiny-bpe-small`` (its own BPE, a third of the vocabulary) as junior.
+
+What is checked: the shared text is each model's decoded sequence; both models' recorded
+log-probs are what teacher forcing on their own sequences gives; cutting the text before a space
+tokenizes it as a whole; words change hands as often as the coin says; a block read equals reading
+token by token; and pairs that cannot share words are refused with a message that says why.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+
+from tandem.assets import TINY_BPE_SMALL
+from tandem.data.arithmetic import make_splits
+from tandem.engine import JUNIOR, PAD, SENIOR, SamplingParams, StopReason, generate
+from tandem.engine.cross import (
+    PROBE_TEXTS,
+    CrossRollouts,
+    _BlockReader,
+    generate_cross,
+    split_problem,
+)
+from tandem.modules.logprobs import sequence_logprobs
+from tandem.samplers import TokenSampler, WordSampler
+
+
+@pytest.fixture(scope="module")
+def junior_tokenizer():
+    return AutoTokenizer.from_pretrained(TINY_BPE_SMALL)
+
+
+@pytest.fixture(scope="module")
+def small_junior():
+    return AutoModelForCausalLM.from_pretrained(TINY_BPE_SMALL, dtype=torch.float32).eval()
+
+
+def cowrite(senior, small_junior, prompts, tokenizer, junior_tokenizer, p=0.5, **kw):
+    params = SamplingParams(
+        max_new_tokens=kw.pop("max_new_tokens", 96),
+        seed=kw.pop("seed", 3),
+        samples_per_prompt=kw.pop("samples", 2),
+        logprob_temperature=0.7,
+        **kw,
+    )
+    return generate_cross(
+        senior,
+        small_junior,
+        prompts,
+        p,
+        params,
+        tokenizer=tokenizer,
+        junior_tokenizer=junior_tokenizer,
+    )
+
+
+@pytest.fixture(scope="module")
+def rollouts(senior, small_junior, prompts, tokenizer, junior_tokenizer) -> CrossRollouts:
+    return cowrite(senior, small_junior, prompts, tokenizer, junior_tokenizer)
+
+
+def test_the_pair_really_has_two_vocabularies(tokenizer, junior_tokenizer) -> None:
+    text = " Multiplying by 4 gives 164 toy cars."
+    assert len(junior_tokenizer) < len(tokenizer) / 2
+    assert tokenizer(text)["input_ids"] != junior_tokenizer(text)["input_ids"]
+    assert len(junior_tokenizer(text)["input_ids"]) > len(tokenizer(text)["input_ids"])
+
+
+def test_both_write_and_the_shared_text_is_each_models_decoded_sequence(
+    rollouts, tokenizer, junior_tokenizer
+) -> None:
+    j = rollouts.junior
+    share = rollouts.senior_share
+    assert bool(((share > 0) & (share < 1)).any()), "both authors wrote in some row"
+    assert rollouts.texts == j.texts
+    for i in range(rollouts.num_rows):
+        ids = rollouts.tokens[i, : rollouts.lengths[i]].tolist()
+        jids = j.tokens[i, : j.lengths[i]].tolist()
+        assert tokenizer.decode(ids, skip_special_tokens=True) == rollouts.texts[i]
+        assert junior_tokenizer.decode(jids, skip_special_tokens=True) == rollouts.texts[i]
+    # each model's sequence marks the same text to the same author: the senior's words, in
+    # bytes, are the same in both sequences
+    for i in range(rollouts.num_rows):
+        senior_text = tokenizer.decode(
+            rollouts.tokens[i][rollouts.authors[i] == SENIOR].tolist(), skip_special_tokens=True
+        )
+        junior_view = junior_tokenizer.decode(
+            j.tokens[i][j.authors[i] == SENIOR].tolist(), skip_special_tokens=True
+        )
+        assert senior_text == junior_view
+
+
+def test_rows_stop_on_eos_with_each_models_own_eos(rollouts, senior, small_junior) -> None:
+    j = rollouts.junior
+    eos = rollouts.stop_reasons == StopReason.EOS
+    assert bool(eos.any())
+    ends = senior.generation_config.eos_token_id, small_junior.generation_config.eos_token_id
+    for i in eos.nonzero().squeeze(1).tolist():
+        assert int(rollouts.tokens[i, rollouts.lengths[i] - 1]) in ends[0]
+        assert int(j.tokens[i, j.lengths[i] - 1]) in ends[1]
+    assert bool((rollouts.lengths <= 96).all()), "the senior's sequence keeps its budget"
+    past = torch.arange(rollouts.tokens.shape[1]) >= rollouts.lengths[:, None]
+    assert bool((rollouts.authors[past] == PAD).all())
+
+
+def test_recorded_logprobs_are_teacher_forcing_on_each_models_own_tokens(
+    rollouts, senior, small_junior
+) -> None:
+    ids, mask = rollouts.sequences()
+    start = rollouts.prompt_tokens.shape[1]
+    raw, tempered = sequence_logprobs(senior, ids, mask, start, [1.0, 0.7])
+    real = rollouts.mask
+    assert bool(rollouts.junior_mask.any()), "junior words, re-tokenized, are in the senior's"
+    assert torch.allclose(raw[real], rollouts.senior_logprobs[real], atol=1e-4)
+    assert torch.allclose(tempered[real], rollouts.old_logprobs[real], atol=1e-4)
+    j = rollouts.junior
+    pl = j.prompt_tokens.shape[1]
+    p_mask = torch.arange(pl) >= (pl - j.prompt_lengths)[:, None]
+    j_real = j.authors != PAD
+    j_ids = torch.cat([j.prompt_tokens, j.tokens], 1)
+    j_lp = sequence_logprobs(small_junior, j_ids, torch.cat([p_mask, j_real], 1), pl)
+    assert bool((j.authors == JUNIOR).any()) and bool((j.authors == SENIOR).any())
+    assert torch.allclose(j_lp[j_real], j.logprobs[j_real], atol=1e-4)
+
+
+def test_cutting_before_a_space_tokenizes_as_the_whole(tokenizer, junior_tokenizer) -> None:
+    rows = make_splits(0, sizes={"train": 1, "validation": 1, "test": 50})["test"]
+    for tok in (tokenizer, junior_tokenizer):
+        assert split_problem(tok, list(rows["solution"])) is None
+
+
+def test_the_same_seed_gives_the_same_rollouts(
+    rollouts, senior, small_junior, prompts, tokenizer, junior_tokenizer
+) -> None:
+    again = cowrite(senior, small_junior, prompts, tokenizer, junior_tokenizer)
+    assert torch.equal(again.tokens, rollouts.tokens)
+    assert torch.equal(again.junior.tokens, rollouts.junior.tokens)
+
+
+@pytest.mark.parametrize("p", [0.2, 0.5, 0.8])
+def test_words_change_hands_as_the_coin_says(
+    p, senior, small_junior, prompts, tokenizer, junior_tokenizer
+) -> None:
+    out = cowrite(
+        senior, small_junior, prompts, tokenizer, junior_tokenizer, p=p, samples=6, seed=11
+    )
+    # every space-led token of the senior's sequence begins a word whose author a coin chose
+    spaced = torch.tensor([tokenizer.decode([i]).startswith(" ") for i in range(len(tokenizer))])
+    onsets = spaced[out.tokens.clamp(max=len(tokenizer) - 1)] & out.mask  # [N, T]
+    words = int(onsets.sum())
+    senior_words = int((onsets & out.senior_mask).sum())
+    assert words > 300
+    # binomial: the standard error is at most 0.5 / sqrt(300) < 0.03
+    assert abs(senior_words / words - p) < 0.09, (senior_words / words, p)
+    # the pen changes between consecutive words with chance 2p(1-p)
+    changes = (out.authors[:, 1:] != out.authors[:, :-1]) & out.mask[:, 1:] & out.mask[:, :-1]
+    rate = int(changes.sum()) / words
+    assert abs(rate - 2 * p * (1 - p)) < 0.1, (rate, p)
+
+
+def test_generate_dispatches_a_cross_pair_and_refuses_other_samplers(
+    senior, small_junior, prompts, tokenizer, junior_tokenizer
+) -> None:
+    params = SamplingParams(max_new_tokens=8, seed=0)
+    out = generate(
+        senior,
+        small_junior,
+        prompts[:2],
+        WordSampler(tokenizer),
+        params,
+        tokenizer=tokenizer,
+        junior_tokenizer=junior_tokenizer,
+    )
+    assert isinstance(out, CrossRollouts) and out.junior is not None
+    with pytest.raises(ValueError, match="word sampler only"):
+        generate(
+            senior,
+            small_junior,
+            prompts[:2],
+            TokenSampler(tokenizer),
+            params,
+            tokenizer=tokenizer,
+            junior_tokenizer=junior_tokenizer,
+        )
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_a_block_read_equals_reading_token_by_token(senior, prompts, attention) -> None:
+    model = senior.__class__.from_pretrained(senior.name_or_path, attn_implementation=attention)
+    ids = torch.tensor(prompts[0])[None].repeat(3, 1)
+    mask = torch.ones_like(ids)
+    block = torch.tensor([[5, 6, 7], [8, 0, 0], [0, 0, 0]])
+    valid = torch.tensor([[True, True, True], [True, False, False], [False, False, False]])
+    one, steps = _BlockReader(model), _BlockReader(model)
+    nine = torch.tensor([[9], [9], [9]])
+    with torch.inference_mode():
+        one.prefill(ids, mask, 1, 8)
+        got = one.feed(block, valid)  # [3, 3, V]
+        after = one.feed(nine, torch.ones(3, 1, dtype=torch.bool))[:, 0]  # [3, V]
+        steps.prefill(ids, mask, 1, 8)
+        for k in range(3):
+            want = steps.step(block[:, k], valid[:, k])
+            rows = valid[:, k]
+            assert torch.allclose(got[rows, k], want[rows], atol=1e-4)
+        # what each row would give had it read only its valid tokens, then the 9
+        for row in range(3):
+            alone = _BlockReader(model)
+            alone.prefill(ids[:1], mask[:1], 1, 8)
+            for token in block[row][valid[row]].tolist():
+                alone.step(torch.tensor([token]), torch.ones(1, dtype=torch.bool))
+            want = alone.step(torch.tensor([9]), torch.ones(1, dtype=torch.bool))[0]
+            assert torch.allclose(after[row], want, atol=1e-4), "padded columns stay hidden"
+
+
+def _trailing_space_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level BPE whose words carry the space *after* them (``We `` ``begin``): text cut
+    before a space tokenizes differently from the whole."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(r"\S+\s*"), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(list(PROBE_TEXTS) * 20, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok)
+
+
+def test_a_tokenizer_that_cannot_cut_before_a_space_is_named() -> None:
+    why = split_problem(_trailing_space_tokenizer())
+    assert why is not None and "pre-tokenizer does not split before a space" in why
+
+
+def test_vllm_refuses_a_cross_pair_and_names_the_fix(
+    senior, small_junior, tokenizer, junior_tokenizer, monkeypatch
+) -> None:
+    import importlib.util
+
+    from tandem.engine import build_backend
+
+    # as if vLLM were installed: the refusal comes before any vLLM engine is built
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
+    with pytest.raises(ValueError, match=r"module\.backend\.name=torch"):
+        build_backend("vllm", senior, small_junior, tokenizer, junior_tokenizer=junior_tokenizer)

@@ -1,0 +1,101 @@
+"""The pair check of a junior with a tokenizer of its own (``tandem.config.check_pair`` and the
+evaluation's): what needs one vocabulary is refused, each by its key, before any model loads."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import transformers
+from hydra import compose, initialize_config_dir
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+from tandem.assets import TINY_WORLD
+from tandem.config import ConfigError, validate_train_config
+from tandem.engine.cross import PROBE_TEXTS
+from tandem.evaluation.config import validate_eval_config
+
+CONF = str(Path(__file__).resolve().parents[1] / "conf")
+
+
+def compose_config(name: str, *overrides: str):
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        return compose(config_name=name, overrides=list(overrides))
+
+
+@pytest.fixture
+def no_model_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any model load fails the test: the checks read tokenizers only."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded during the config check")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
+
+
+def problems(name: str, *overrides: str) -> str:
+    check = validate_train_config if name == "train" else validate_eval_config
+    with pytest.raises(ConfigError) as err:
+        check(compose_config(name, *overrides))
+    return str(err.value)
+
+
+def test_the_cross_pair_config_validates(no_model_loads) -> None:
+    cfg = compose_config("train", "model=tiny_cross")
+    assert cfg.model.junior_name_or_path == "tiny-bpe-small"
+    validate_train_config(cfg)
+    validate_eval_config(
+        compose_config("evaluate", "junior=tiny-bpe-small", "sampler=word", "output_dir=x")
+    )
+
+
+def test_what_needs_one_vocabulary_is_refused_by_its_key(no_model_loads) -> None:
+    msg = problems(
+        "train",
+        "model=tiny_cross",
+        "sampler=token",
+        "module.loss.kl_beta=0.1",
+        "+module.backend={name:vllm}",
+    )
+    assert "sampler.name ('token')" in msg and "word sampler only" in msg
+    assert "module.loss.kl_beta (0.1)" in msg and "kl_beta=0" in msg
+    assert "module.backend.name ('vllm')" in msg
+    # the evaluation's default handoff schedule (reasoning steps) cannot hand over text
+    msg = problems("evaluate", "junior=tiny-bpe-small", "output_dir=x")
+    assert "sampler.name ('step')" in msg and "sampler=word" in msg
+
+
+def test_the_same_junior_config_is_not_touched(no_model_loads) -> None:
+    validate_train_config(compose_config("train", "sampler=token", "module.loss.kl_beta=0.1"))
+
+
+def _trailing_space_model(folder: Path) -> Path:
+    """A model folder whose tokenizer's words carry the space after them: it cannot cut text
+    before a space."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(r"\S+\s*"), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(list(PROBE_TEXTS) * 20, trainer)
+    PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(folder)
+    shutil.copy(TINY_WORLD / "config.json", folder / "config.json")
+    return folder
+
+
+def test_a_pair_that_cannot_agree_on_boundaries_is_refused_before_models_load(
+    tmp_path: Path, no_model_loads
+) -> None:
+    folder = _trailing_space_model(tmp_path / "sp")
+    msg = problems("train", f"model.junior_name_or_path={folder}")
+    assert "model.junior_name_or_path" in msg
+    assert "pre-tokenizer does not split before a space" in msg
+    assert "model.name_or_path" not in msg, "the senior's tokenizer is fine"

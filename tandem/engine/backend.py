@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from torch import Tensor
 
-from tandem.engine.base import Rollouts, SamplingParams
+from tandem.engine.base import Lockstep, Rollouts, SamplingParams
 from tandem.engine.generate import generate
 from tandem.registry import BACKENDS
 from tandem.samplers.base import Sampler
@@ -77,11 +77,21 @@ class TorchBackend:
         params: SamplingParams | None = None,
         *,
         junior: bool | None = None,
+        lockstep: Lockstep | None = None,
     ) -> Rollouts:
-        """Rollouts; the junior reads along when ``junior`` (None: when the sampler needs it)."""
+        """Rollouts; the junior reads along when ``junior`` (None: when the sampler needs it).
+        ``lockstep``: the senior is sharded layer by layer (``tandem.engine.generate``)."""
         use = junior if junior is not None else not getattr(sampler, "solo", True)
         model = self.junior if use else None
-        return generate(self.senior, model, prompts, sampler, params, tokenizer=self.tokenizer)
+        return generate(
+            self.senior,
+            model,
+            prompts,
+            sampler,
+            params,
+            tokenizer=self.tokenizer,
+            lockstep=lockstep,
+        )
 
     def load_weights(self, weights: Weights, step: int) -> None:
         """Copy ``weights`` into the senior (a no-op for the trainer, who shares the module)."""

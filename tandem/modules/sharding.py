@@ -237,8 +237,12 @@ def gathered(model: nn.Module, rollout_gather: str = "whole") -> Iterator[Lockst
     # read off a parameter while it is still a shard (a DTensor): the root's is swapped below
     lockstep = _lockstep(next(model.parameters()).device_mesh) if per_layer else None
     for unit in units:
-        if unit is model or not per_layer:
-            unit.unshard()
+        unit.unshard()
+        if per_layer and unit is not model:
+            # FSDP2 allocates a unit's gathered buffers at its first all-gather and reuses them:
+            # made in the engine's inference mode, training could never write them again. Once
+            # here, outside it, one layer at a time, is one all-gather more per rollout
+            unit.reshard()
         unit.set_reshard_after_forward(per_layer and unit is not model, recurse=False)
     try:
         yield lockstep

@@ -181,7 +181,8 @@ def _lockstep_worker(rank: int, folder: str) -> None:
     from tandem.engine import reader
 
     reader._PREFILL_TOKENS["cpu"] = _CHUNK
-    model = shard(_tiny(), init_device_mesh("cpu", (WORLD,)))
+    mesh = init_device_mesh("cpu", (WORLD,))
+    model = shard(_tiny(), mesh)
     calls = [0]
     real = _count_all_gathers(calls)
     try:
@@ -189,8 +190,11 @@ def _lockstep_worker(rank: int, folder: str) -> None:
             out = generate(model, None, _PROMPTS[rank], None, _lockstep_params(), lockstep=lockstep)
     finally:
         dist.all_gather_single = real
+    # training after such a rollout: the same gradients as a senior that never generated
+    grads = [_grads(model), _grads(shard(_tiny(), mesh))]
     result = {
         "all_gathers": calls[0],
+        "grads_equal": all(torch.equal(grads[0][k], grads[1][k]) for k in grads[1]),
         "tokens": out.tokens.tolist(),
         "logprobs": out.senior_logprobs.tolist(),
         "lengths": out.lengths.tolist(),
@@ -213,9 +217,11 @@ def test_per_layer_rollouts_keep_the_ranks_in_lockstep(tmp_path: Path, monkeypat
         assert got["tokens"] == want.tokens.tolist(), f"rank {rank}: the unsharded tokens"
         torch.testing.assert_close(torch.tensor(got["logprobs"]), want.senior_logprobs)
         assert got["resharded"], "every parameter a shard again after the rollout"
+        assert got["grads_equal"], "the senior trains after a per-layer rollout"
     # the ranks finish at different steps: rank 0 after 15 tokens, rank 1 after all 20
     assert max(ranks[0]["lengths"]) == _LIMIT - 45 and set(ranks[1]["lengths"]) == {_LONG}
-    # both make the same forwards: 2 prefill chunks and 19 steps, each gathering every layer,
-    # the root gathered once for the rollout
+    # both make the same forwards: 2 prefill chunks and 19 steps, each gathering every layer;
+    # every unit is gathered once more on entry (the root kept for the rollout)
     layers = base.config.num_hidden_layers
-    assert ranks[0]["all_gathers"] == ranks[1]["all_gathers"] == 1 + layers * (2 + _LONG - 1)
+    forwards = 2 + _LONG - 1
+    assert ranks[0]["all_gathers"] == ranks[1]["all_gathers"] == 1 + layers * (1 + forwards)

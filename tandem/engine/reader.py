@@ -99,6 +99,7 @@ class Reader:
         capacity = width + max_new_tokens
         chunks = self._chunks(mask.sum(1)) if self._reserved else []
         if self.lockstep is not None:
+            # idle ones first: each forward gathers the same layers, so the order is free
             forwards = max(1, len(chunks))
             for _ in range(self.lockstep(forwards) - forwards):
                 self.idle()

@@ -1,6 +1,6 @@
 """Peak resident memory per process: ``trainer=ddp`` against ``trainer=fsdp``, the same steps.
 
-Run: ``python benchmarks/memory.py [--steps 3] [--rollout-gather per_layer] [hydra overrides]``.
+Run: ``python benchmarks/memory.py [--steps 3] [--fsdp OVERRIDE ...] [hydra overrides]``.
 
 A Qwen3-shaped model of about 100M parameters with random weights (the tiny world's tokenizer,
 so its data and reward serve) is written to a temporary folder; each strategy then trains it
@@ -10,9 +10,9 @@ Tandem RL steps on 2 CPU processes. Each process records its peak resident set s
 gathers the whole senior on rank 0). Prints one JSON object: per strategy and rank, the peaks in
 MiB, the resident size right after imports, and the highest inside any rollout and any update
 (``phase_peak_mib``); and the fsdp/ddp ratio of training peaks.
-``--rollout-gather`` sets the fsdp run's ``trainer.strategy.rollout_gather`` (the overrides
-reach both runs, and ddp has no such key): ``whole`` gathers the senior for each rollout,
-``per_layer`` one decoder layer at a time.
+Overrides reach both runs; ``--fsdp`` ones only the fsdp run, for the keys of its strategy that
+ddp lacks (``--fsdp trainer.strategy.rollout_gather=per_layer``: each decoder layer gathered for
+its forward in rollouts, instead of the whole senior once per rollout).
 
 The target is fsdp at most 0.65x ddp per process: the senior's parameters, gradients and AdamW
 state (16 bytes a parameter in float32) are split in two, while the junior, the imports and the
@@ -165,7 +165,7 @@ def worker(strategy: str, model: str, out: Path, steps: int, overrides: list[str
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--rollout-gather", choices=("whole", "per_layer"), default="whole")
+    parser.add_argument("--fsdp", action="append", default=[], metavar="OVERRIDE")
     parser.add_argument("--worker", nargs=3, metavar=("STRATEGY", "MODEL", "OUT"))
     args, overrides = parser.parse_known_args()
     if args.worker:
@@ -175,7 +175,7 @@ def main() -> None:
         model = Path(tmp) / "model"
         params = build_model(model)
         result: dict = {"parameters": params, "steps": args.steps, "processes": 2}
-        result["rollout_gather"] = args.rollout_gather
+        result["fsdp_overrides"] = args.fsdp
         env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_WAIT_POLICY": "PASSIVE"}
         for strategy in STRATEGIES:
             out = Path(tmp) / strategy
@@ -183,7 +183,7 @@ def main() -> None:
             command = [sys.executable, __file__, "--steps", str(args.steps), "--worker"]
             command += [strategy, str(model), str(out), *overrides]
             if strategy == "fsdp":
-                command.append(f"trainer.strategy.rollout_gather={args.rollout_gather}")
+                command += args.fsdp
             done = subprocess.run(command, env=env, capture_output=True, text=True)
             if done.returncode != 0:
                 sys.exit(f"{strategy} run failed:\n{done.stderr[-3000:]}")

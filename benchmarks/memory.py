@@ -1,6 +1,6 @@
 """Peak resident memory per process: ``trainer=ddp`` against ``trainer=fsdp``, the same steps.
 
-Run: ``python benchmarks/memory.py [--steps 3] [hydra overrides]``.
+Run: ``python benchmarks/memory.py [--steps 3] [--fsdp OVERRIDE ...] [hydra overrides]``.
 
 A Qwen3-shaped model of about 100M parameters with random weights (the tiny world's tokenizer,
 so its data and reward serve) is written to a temporary folder; each strategy then trains it
@@ -8,7 +8,11 @@ as senior (the junior is the same checkpoint, frozen, whole on every process) fo
 Tandem RL steps on 2 CPU processes. Each process records its peak resident set size
 (``ru_maxrss``) when training ends and again when the process exits (after the export, which
 gathers the whole senior on rank 0). Prints one JSON object: per strategy and rank, the peaks in
-MiB and the resident size right after imports; and the fsdp/ddp ratio of training peaks.
+MiB, the resident size right after imports, and the highest inside any rollout and any update
+(``phase_peak_mib``); and the fsdp/ddp ratio of training peaks.
+Overrides reach both runs; ``--fsdp`` ones only the fsdp run, for the keys of its strategy that
+ddp lacks (``--fsdp trainer.strategy.rollout_gather=per_layer``: each decoder layer gathered for
+its forward in rollouts, instead of the whole senior once per rollout).
 
 The target is fsdp at most 0.65x ddp per process: the senior's parameters, gradients and AdamW
 state (16 bytes a parameter in float32) are split in two, while the junior, the imports and the
@@ -42,9 +46,38 @@ SHAPE = {
 }
 
 
+# the highest resident size of the phases already measured (``phase_peaks`` resets the kernel's)
+_EARLIER_PEAK = [0.0]
+
+
 def rss_mib() -> float:
     """This process's peak resident set size so far, in MiB (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    now = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return max(_EARLIER_PEAK[0], now)
+
+
+def phase_peaks(cls: type, names: tuple[str, ...], peaks: dict[str, float]) -> None:
+    """Wrap ``cls``'s methods ``names`` to record in ``peaks`` the highest resident size inside
+    any one call of each: the kernel's peak is reset on entry (``/proc/self/clear_refs``, which
+    ``ru_maxrss`` follows too, so ``rss_mib`` keeps the earlier peak aside). A kernel that does
+    not allow it records nothing."""
+    for name in names:
+        real = getattr(cls, name)
+
+        def measured(self, *args, _real=real, _name=name, **kwargs):
+            _EARLIER_PEAK[0] = rss_mib()
+            try:
+                with open("/proc/self/clear_refs", "w") as f:
+                    f.write("5")
+            except OSError:
+                return _real(self, *args, **kwargs)
+            try:
+                return _real(self, *args, **kwargs)
+            finally:
+                inside = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+                peaks[_name] = max(peaks.get(_name, 0.0), inside)
+
+        setattr(cls, name, measured)
 
 
 def current_rss_mib() -> float:
@@ -80,13 +113,18 @@ def worker(strategy: str, model: str, out: Path, steps: int, overrides: list[str
     from hydra import compose, initialize_config_dir
 
     import tandem.train
+    from tandem.modules.grpo import TandemGRPO
 
     rank = int(os.environ.get("LOCAL_RANK", 0))
     # what torch, transformers and Lightning cost before any model: the same for both
-    record: dict[str, float] = {"after_imports_mib": current_rss_mib()}
+    record: dict = {"after_imports_mib": current_rss_mib()}
+    # where the peak is: a rollout (generation), or an update (log-probs, backward, AdamW)
+    peaks: dict[str, float] = {}
+    phase_peaks(TandemGRPO, ("rollout", "update"), peaks)
 
     def write() -> None:
         record["process_peak_mib"] = rss_mib()
+        record["phase_peak_mib"] = peaks
         (out / f"{rank}.json").write_text(json.dumps(record))
 
     atexit.register(write)
@@ -127,6 +165,7 @@ def worker(strategy: str, model: str, out: Path, steps: int, overrides: list[str
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--fsdp", action="append", default=[], metavar="OVERRIDE")
     parser.add_argument("--worker", nargs=3, metavar=("STRATEGY", "MODEL", "OUT"))
     args, overrides = parser.parse_known_args()
     if args.worker:
@@ -136,12 +175,15 @@ def main() -> None:
         model = Path(tmp) / "model"
         params = build_model(model)
         result: dict = {"parameters": params, "steps": args.steps, "processes": 2}
+        result["fsdp_overrides"] = args.fsdp
         env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_WAIT_POLICY": "PASSIVE"}
         for strategy in STRATEGIES:
             out = Path(tmp) / strategy
             out.mkdir()
             command = [sys.executable, __file__, "--steps", str(args.steps), "--worker"]
             command += [strategy, str(model), str(out), *overrides]
+            if strategy == "fsdp":
+                command += args.fsdp
             done = subprocess.run(command, env=env, capture_output=True, text=True)
             if done.returncode != 0:
                 sys.exit(f"{strategy} run failed:\n{done.stderr[-3000:]}")

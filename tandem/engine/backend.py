@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from torch import Tensor
 
-from tandem.engine.base import Rollouts, SamplingParams
+from tandem.engine.base import Lockstep, Rollouts, SamplingParams
 from tandem.engine.cross import same_vocabulary
 from tandem.engine.generate import generate
 from tandem.registry import BACKENDS
@@ -87,8 +87,10 @@ class TorchBackend:
         params: SamplingParams | None = None,
         *,
         junior: bool | None = None,
+        lockstep: Lockstep | None = None,
     ) -> Rollouts:
-        """Rollouts; the junior reads along when ``junior`` (None: when the sampler needs it)."""
+        """Rollouts; the junior reads along when ``junior`` (None: when the sampler needs it).
+        ``lockstep``: the senior is sharded layer by layer (``tandem.engine.generate``)."""
         use = junior if junior is not None else not getattr(sampler, "solo", True)
         model = self.junior if use else None
         return generate(
@@ -99,6 +101,7 @@ class TorchBackend:
             params,
             tokenizer=self.tokenizer,
             junior_tokenizer=self.junior_tokenizer,
+            lockstep=lockstep,
         )
 
     def load_weights(self, weights: Weights, step: int) -> None:

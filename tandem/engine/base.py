@@ -19,6 +19,7 @@ What this file leaves out: the generation loop (``tandem.engine.generate``) and 
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -26,7 +27,12 @@ from torch import Tensor
 
 from tandem.samplers.base import JUNIOR, PAD, SENIOR
 
-__all__ = ["JUNIOR", "PAD", "SENIOR", "Rollouts", "SamplingParams", "StopReason"]
+__all__ = ["JUNIOR", "PAD", "SENIOR", "Lockstep", "Rollouts", "SamplingParams", "StopReason"]
+
+# For a senior whose forward is a collective (FSDP2 gathering each layer as it computes), so
+# that every process must make as many forwards: called by every process at the same points
+# with its own value, returns the largest any process passed (an all-reduce of the maximum).
+Lockstep = Callable[[int], int]
 
 
 class StopReason(enum.IntEnum):

@@ -25,6 +25,13 @@ schedule is a value: ``tandem.samplers.base``). Rows that finish are fed the pad
 mask 0, and the batch is compacted (rows dropped from both caches and from the sampler's state)
 once an eighth of it has finished.
 
+Lockstep: a senior sharded layer by layer (FSDP2 gathering each decoder layer for its forward)
+makes collectives at every forward, so every process must make as many. With ``lockstep``, each
+process says at every step whether it still writes; one whose rows have all finished keeps
+stepping the senior with one dropped token (``Reader.idle``) until every process has finished,
+and the prefill makes as many forwards everywhere (``Reader.prefill``). Without it (one process,
+or a senior gathered whole for the rollout), a call stops as soon as its own rows have.
+
 What this file leaves out: how tokens are drawn (``draw``), how a cache is read (``reader``),
 who authors (``tandem.samplers``), a junior with a tokenizer of its own (``tandem.engine.cross``,
 to which ``generate`` hands such a pair), and scaled-out serving (a vLLM backend, elsewhere).
@@ -39,7 +46,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from tandem.engine.base import JUNIOR, PAD, SENIOR, Rollouts, SamplingParams, StopReason
+from tandem.engine.base import JUNIOR, PAD, SENIOR, Lockstep, Rollouts, SamplingParams, StopReason
 from tandem.engine.cross import generate_cross, same_vocabulary
 from tandem.engine.draw import (
     Scores,
@@ -69,6 +76,7 @@ def generate(
     *,
     tokenizer: Any = None,
     junior_tokenizer: Any = None,
+    lockstep: Lockstep | None = None,
 ) -> Rollouts:
     """Generate ``len(prompts) * params.samples_per_prompt`` rollouts written by two models.
 
@@ -82,6 +90,8 @@ def generate(
         tokenizer: decodes ``Rollouts.texts`` and supplies the pad id; optional.
         junior_tokenizer: the junior's, when it may differ from ``tokenizer``: a junior of
             another vocabulary writes with the word sampler through ``tandem.engine.cross``.
+        lockstep: for a senior whose forward is a collective: every process then makes as
+            many senior forwards (``tandem.engine.base.Lockstep``); ``None`` for one process.
 
     Returns:
         Rollouts on the senior's device, rows prompt-major.
@@ -94,13 +104,19 @@ def generate(
             "model, or use the solo sampler for solo generation."
         )
     if junior is not None and not same_vocabulary(tokenizer, junior_tokenizer):
+        if lockstep is not None:
+            raise ValueError(
+                "a junior of another vocabulary cannot write with a senior gathered layer by "
+                "layer (trainer.strategy.rollout_gather=per_layer): the cross engine does not "
+                "step processes in lockstep. Set trainer.strategy.rollout_gather=whole."
+            )
         return _cross(senior, junior, prompts, sampler, params, tokenizer, junior_tokenizer)
     eos = _eos_ids(senior, params)
     pad = _pad_id(senior, tokenizer, eos)
     ids, mask = _left_pad(prompts, pad)
     models = [senior] if junior is None else [senior, junior]
     with _eval_mode(models), torch.inference_mode():
-        out = _Loop(models, sampler, params, eos, pad).run(ids, mask)
+        out = _Loop(models, sampler, params, eos, pad, lockstep).run(ids, mask)
     # Clones made outside inference mode: training may save them for backward.
     out = {k: v.clone() if isinstance(v, Tensor) else v for k, v in out.items()}
     texts = None
@@ -141,8 +157,11 @@ class _Loop:
         params: SamplingParams,
         eos: tuple[int, ...],
         pad: int,
+        lockstep: Lockstep | None = None,
     ) -> None:
-        self.readers = [Reader(m) for m in models]
+        # only the senior is sharded: the junior's forwards are this process's own
+        self.readers = [Reader(models[0], lockstep), *(Reader(m) for m in models[1:])]
+        self.lockstep = lockstep
         self.codes = [SENIOR, JUNIOR][: len(models)]
         # per model: the raw log-probs, then those at the loss's temperature when asked for
         tempered = params.logprob_temperature is not None
@@ -175,6 +194,8 @@ class _Loop:
         budget = torch.tensor(budgets, device=home) if min(budgets) < p.max_new_tokens else None
         for t in range(p.max_new_tokens):
             if t > 0:
+                if self.lockstep is not None:
+                    self.lockstep(1)  # this process still writes: the others step with it
                 logits = [r.step(token, batch.live) for r in self.readers]
             token, author, lps = self._step(logits, batch)
             for name, value in [("tokens", token), ("authors", author), *lps]:
@@ -202,6 +223,10 @@ class _Loop:
                     token = batch.keep(keep, token)
                     state = self.handoff.state
                     self.handoff = Handoff({k: v[keep] for k, v in state.items()})
+        if self.lockstep is not None:
+            # this process has finished: it joins the senior forwards of those still writing
+            while self.lockstep(0):
+                self.readers[0].idle()
         return self._finish(out, ids, mask, g)
 
     def _step(self, logits: list[Tensor], batch: _Batch) -> tuple[Tensor, Tensor, list]:

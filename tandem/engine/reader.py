@@ -19,6 +19,10 @@ Two things make reading cheaper on a CPU, with the same results up to float roun
 Both need the reserved cache (``tandem.engine.cache``); models whose caches are not reserved
 (sliding-window or other special layers) are read in one piece with 2D masks.
 
+A model read with a ``Lockstep`` (a senior sharded layer by layer, whose every forward is a
+collective) is read with as many prefill forwards on every process: a process whose prompts
+fill fewer chunks than another's makes ``idle`` forwards, whose output is dropped.
+
 What this file leaves out: sampling (``tandem.engine.draw``) and the loop
 (``tandem.engine.generate``).
 """
@@ -31,6 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from tandem.engine.base import Lockstep
 from tandem.engine.cache import new_cache, reserved, stack_caches
 
 # Padded prompt tokens per prefill chunk. On a CPU, chunks of a thousand tokens or less keep
@@ -62,10 +67,12 @@ class Reader:
 
     Args:
         model: a Hugging Face causal LM.
+        lockstep: makes every process read the prompts with as many forwards (``None``: this
+            process's own chunks only).
     """
 
-    def __init__(self, model: Any) -> None:
-        self.model = model
+    def __init__(self, model: Any, lockstep: Lockstep | None = None) -> None:
+        self.model, self.lockstep = model, lockstep
         self.device = model_device(model)
         params = inspect.signature(model.forward).parameters
         # transformers 5 renamed past_key_values to cache.
@@ -91,6 +98,11 @@ class Reader:
         rows, width = mask.shape
         capacity = width + max_new_tokens
         chunks = self._chunks(mask.sum(1)) if self._reserved else []
+        if self.lockstep is not None:
+            # idle ones first: each forward gathers the same layers, so the order is free
+            forwards = max(1, len(chunks))
+            for _ in range(self.lockstep(forwards) - forwards):
+                self.idle()
         if len(chunks) <= 1:
             self.cache = new_cache(self.model, capacity)
             logits = self._forward(ids, mask, positions, self.cache)  # [B, V]
@@ -127,6 +139,12 @@ class Reader:
             **{self._cache_arg: cache},
         )
         return out.logits[:, -1].float()
+
+    def idle(self) -> None:
+        """One forward of a single token, its output dropped: where the model's forward is a
+        collective, a process with nothing left to read still joins the others' forwards."""
+        ids = torch.zeros(1, 1, dtype=torch.long, device=self.device)
+        self.model(input_ids=ids, use_cache=False, logits_to_keep=1)
 
     def _chunks(self, lengths: Tensor) -> list[tuple[Tensor, int]]:
         """Rows grouped for the prefill: ``(index [b], width)`` pairs, shortest prompts first."""

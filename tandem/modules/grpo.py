@@ -30,7 +30,6 @@ What this file leaves out: sampling (``tandem.engine``), the objective's algebra
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -230,11 +229,20 @@ class TandemGRPO(L.LightningModule):
         # the junior reads along when it writes, and when the loss needs its log-probs (the KL
         # penalty toward it): a solo arm with kl_beta > 0 must not train as plain GRPO
         reads = not sampler.solo or (self.training and self.loss_cfg.kl_beta > 0)
-        # the torch engine samples from the trainer's senior: sharded, it is gathered once for
-        # the whole rollout, not at every token (vLLM gathers its copy in sync)
-        local = isinstance(self.backend, TorchBackend)
-        with gathered(self.senior) if local else contextlib.nullcontext():
+        if not isinstance(self.backend, TorchBackend):  # vLLM gathers its own copy in sync
             return self.backend.generate(batch.prompt_ids, sampler, params, junior=reads)
+        # the torch engine samples from the trainer's senior: sharded, it is gathered whole once
+        # for the rollout, or layer by layer at every token with the ranks in lockstep
+        with gathered(self.senior, self.rollout_gather) as lockstep:
+            return self.backend.generate(
+                batch.prompt_ids, sampler, params, junior=reads, lockstep=lockstep
+            )
+
+    @property
+    def rollout_gather(self) -> str:
+        """How rollouts read a sharded senior: the strategy's ``rollout_gather``, else whole."""
+        strategy = self._trainer.strategy if self._trainer is not None else None
+        return getattr(strategy, "rollout_gather", "whole")
 
     def step_seed(self, index: int, stream: int) -> int:
         """A seed from (run seed, batch index, rank, stream): resume replays the same samples."""

@@ -11,9 +11,12 @@ needs that Lightning leaves to the user:
   temporary name, given a checksum file, and renamed into place, as ``AtomicCheckpointIO`` does
   for single files (the strategy writes folders itself, bypassing the ``CheckpointIO``).
 
-``gathered(model)`` keeps a sharded model's full parameters for the length of a ``with`` block:
-generation all-gathers once per rollout, not once per token. ``full_state_dict(model)`` gathers
-the whole state dict (a collective: every rank calls it) for export and weight syncs.
+``gathered(model, rollout_gather)`` readies a sharded model to generate for the length of a
+``with`` block: ``whole`` keeps its full parameters (all-gathered once per rollout, not once per
+token); ``per_layer`` leaves each decoder layer to FSDP2's own hooks (gathered for its forward,
+freed after it: one all-gather per layer per token) and yields the ``Lockstep`` the engine then
+keeps, so that every rank makes as many forwards. ``full_state_dict(model)`` gathers the whole
+state dict (a collective: every rank calls it) for export and weight syncs.
 
 The junior is never sharded: ``JuniorCallback`` holds it outside the module, whole on each rank.
 
@@ -36,12 +39,16 @@ from lightning.fabric.plugins.collectives.torch_collective import default_pg_tim
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
 
+from tandem.engine.base import Lockstep
 from tandem.modules.models import DTYPES
 from tandem.runs.checkpoints import write_folder_checksums
 from tandem.runs.faults import fault_point
 
 # what each sharded model was configured with, for ``gathered`` to restore
 _RESHARD: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
+
+# how the torch engine's rollouts read a sharded senior (``gathered``)
+ROLLOUT_GATHERS = ("whole", "per_layer")
 
 
 class FSDP2Strategy(ModelParallelStrategy):
@@ -61,6 +68,12 @@ class FSDP2Strategy(ModelParallelStrategy):
         activation_checkpointing: keep only each layer's input from the forward pass and
             recompute the rest in backward (about a third more compute for far less activation
             memory on long rollouts), through the model's own ``gradient_checkpointing_enable``.
+        rollout_gather: how the torch engine's rollouts read the senior: ``whole`` (gathered
+            once per rollout: fastest, but each rank briefly holds the whole senior beside its
+            shards and AdamW state) or ``per_layer`` (each decoder layer gathered for its
+            forward and freed: far less memory, one all-gather per layer per token, the ranks
+            stepping together until the last one's rows finish). The vLLM backend samples from
+            its own copy either way.
         save_distributed_checkpoint: each rank writes its shards (a checkpoint is a folder) or
             rank 0 gathers everything into one file.
         process_group_backend: ``gloo``, ``nccl``, ... (None: Lightning's choice per device).
@@ -78,10 +91,17 @@ class FSDP2Strategy(ModelParallelStrategy):
         cpu_offload: bool = False,
         reshard_after_forward: bool = True,
         activation_checkpointing: bool = False,
+        rollout_gather: str = "whole",
         save_distributed_checkpoint: bool = True,
         process_group_backend: str | None = None,
         timeout: timedelta | None = default_pg_timeout,
     ) -> None:
+        if rollout_gather not in ROLLOUT_GATHERS:
+            raise ValueError(
+                f"strategy.rollout_gather ({rollout_gather!r}) must be one of {ROLLOUT_GATHERS}: "
+                "how rollouts read the sharded senior. Set trainer.strategy.rollout_gather="
+                "per_layer where the whole senior does not fit beside its shards, else whole."
+            )
         for key, value in (("param_dtype", param_dtype), ("reduce_dtype", reduce_dtype)):
             if value is not None and value not in DTYPES:
                 raise ValueError(
@@ -100,6 +120,7 @@ class FSDP2Strategy(ModelParallelStrategy):
         self.param_dtype, self.reduce_dtype = param_dtype, reduce_dtype
         self.reshard_after_forward = reshard_after_forward
         self.activation_checkpointing = activation_checkpointing
+        self.rollout_gather = rollout_gather
 
     def setup_environment(self) -> None:
         # every process is one shard of one data parallel group (the parent's "auto" would
@@ -199,23 +220,55 @@ def is_sharded(model: nn.Module) -> bool:
 
 
 @contextmanager
-def gathered(model: nn.Module) -> Iterator[nn.Module]:
-    """Hold ``model``'s full parameters for the block: one all-gather per FSDP unit on entry,
-    none per forward inside (generation calls forward once per token), resharded on exit.
-    A model that is not sharded passes through."""
+def gathered(model: nn.Module, rollout_gather: str = "whole") -> Iterator[Lockstep | None]:
+    """Ready a sharded ``model`` to generate for the block, resharded on exit.
+
+    ``whole``: hold its full parameters, one all-gather per FSDP unit on entry and none per
+    forward inside (generation calls forward once per token); yields ``None``.
+    ``per_layer``: hold only the root's parameters (embeddings, final norm, head); each decoder
+    layer is gathered by FSDP2's hooks for its forward and freed after it, whatever
+    ``reshard_after_forward`` says for training. Every forward is then a collective, so it
+    yields the ``Lockstep`` to generate with. A model that is not sharded passes through.
+    """
     from torch.distributed.fsdp import FSDPModule
 
     units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    per_layer = rollout_gather == "per_layer" and bool(units)
+    # read off a parameter while it is still a shard (a DTensor): the root's is swapped below
+    lockstep = _lockstep(next(model.parameters()).device_mesh) if per_layer else None
     for unit in units:
         unit.unshard()
-        unit.set_reshard_after_forward(False, recurse=False)
+        if per_layer and unit is not model:
+            # FSDP2 allocates a unit's gathered buffers at its first all-gather and reuses them:
+            # made in the engine's inference mode, training could never write them again. Once
+            # here, outside it, one layer at a time, is one all-gather more per rollout
+            unit.reshard()
+        unit.set_reshard_after_forward(per_layer and unit is not model, recurse=False)
     try:
-        yield model
+        yield lockstep
     finally:
         for unit in units:
             keep = _RESHARD.get(model, True) and unit is not model
             unit.set_reshard_after_forward(keep, recurse=False)
             unit.reshard()
+
+
+def _lockstep(mesh: Any) -> Lockstep:
+    """The all-reduce of a maximum over ``mesh``'s ranks, on the device its collectives use."""
+    import torch.distributed as dist
+
+    kind, group = mesh.device_type, mesh.get_group()
+    # nccl reduces only tensors on this rank's accelerator, gloo host tensors
+    device = torch.device("cpu")
+    if kind != "cpu":
+        device = torch.device(kind, torch.get_device_module(kind).current_device())
+
+    def lockstep(value: int) -> int:
+        flag = torch.tensor([value], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+        return int(flag.item())
+
+    return lockstep
 
 
 def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:

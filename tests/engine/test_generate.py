@@ -262,3 +262,47 @@ def test_step_rounds_cap_ends_rows(senior, junior, prompts, tokenizer):
         first_end = int(ends[i].nonzero()[0]) + 1 if ends[i].any() else int(free.lengths[i])
         assert n == first_end
     assert (cut.authors[cut.mask] == SENIOR).all(), "the junior never got a turn"
+
+
+class _OtherProcess:
+    """A ``Lockstep`` with a second process simulated: its prompts fill ``chunks`` prefill
+    chunks and its rows write ``steps + 1`` tokens; records what this process passes."""
+
+    def __init__(self, chunks: int, steps: int) -> None:
+        self.values, self.passed = [chunks] + [1] * steps, []
+
+    def __call__(self, value: int) -> int:
+        self.passed.append(value)
+        return max(value, self.values.pop(0) if self.values else 0)
+
+
+def test_lockstep_keeps_stepping_the_senior_until_every_process_is_done(
+    senior, junior, prompts, tokenizer
+):
+    # every row's budget is at most 12 tokens: this process is done long before the other
+    limit = min(len(p) for p in prompts) + 12
+    params = SamplingParams(max_new_tokens=24, samples_per_prompt=2, context_limit=limit)
+    forwards = {"senior": 0, "junior": 0}
+    hooks = [
+        model.register_forward_pre_hook(
+            lambda *_, name=name: forwards.update({name: forwards[name] + 1})
+        )
+        for name, model in (("senior", senior), ("junior", junior))
+    ]
+    try:
+        alone = generate(senior, junior, prompts, WordSampler(tokenizer), params)
+        counted_alone = dict(forwards)
+        forwards.update(senior=0, junior=0)
+        other = _OtherProcess(chunks=3, steps=23)
+        r = generate(senior, junior, prompts, WordSampler(tokenizer), params, lockstep=other)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    for field in ("tokens", "authors", "senior_logprobs", "junior_logprobs", "lengths"):
+        assert torch.equal(getattr(r, field), getattr(alone, field)), field
+    own = int(r.lengths.max()) - 1  # this process's steps after the prefill
+    assert own <= 11 and counted_alone == {"senior": 1 + own, "junior": 1 + own}
+    # the senior makes the other's 3 prefill forwards and 23 steps; the junior only its own
+    assert forwards == {"senior": 3 + 23, "junior": 1 + own}
+    # one prefill chunk here, then "still writing" at each of its steps, then "done"
+    assert other.passed == [1] + [1] * own + [0] * (23 - own + 1)

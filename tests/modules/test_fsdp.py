@@ -1,9 +1,9 @@
 """``trainer=fsdp`` end to end on 2 CPU processes (gloo): Tandem RL with the senior sharded per
-decoder layer, distributed checkpoints, SIGKILL and resume, the gathered export, evaluation, and
-the same senior as ``trainer=ddp``.
+decoder layer, distributed checkpoints, SIGKILL and resume, the gathered export, evaluation, the
+same senior as ``trainer=ddp``, and the same run with rollouts read layer by layer.
 
-Four training runs of 3 steps are shared by the tests (a module fixture): straight, the same
-killed inside step 2 and resumed, and ``trainer=ddp``.
+Five training runs of 3 steps are shared by the tests (a module fixture): straight, the same
+killed inside step 2 and resumed, ``trainer=ddp``, and ``rollout_gather=per_layer``.
 """
 
 from __future__ import annotations
@@ -24,29 +24,37 @@ from tandem.assets import TINY_WORLD
 from tandem.evaluate import run as evaluate
 from tandem.modules.export import export_checkpoint, load_checkpoint_file
 from tandem.runs.checkpoints import is_distributed_checkpoint, newest_verified, verify
-from tests.modules.test_train import cli, metrics_rows
+from tests.modules.test_train import TINY, cli, metrics_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 3
+MAX_NEW_TOKENS = int(next(o for o in TINY if o.startswith("generation.max_new")).split("=")[1])
 COMMON = [f"trainer.max_steps={STEPS}", "threads=1", "checkpoint_every_n_steps=1"]
 
 
-def train(out: Path, *overrides: str, fault: str | None = None) -> subprocess.CompletedProcess:
+def train(
+    out: Path, *overrides: str, fault: str | None = None, timeout: float = 900
+) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("TANDEM_FAULT", None)
     if fault:
         env["TANDEM_FAULT"] = fault
     command = cli(out, *COMMON, *overrides)
-    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("fsdp")
-    out = {name: root / name for name in ("fsdp", "killed", "ddp")}
+    out = {name: root / name for name in ("fsdp", "killed", "ddp", "per_layer")}
     for name, strategy in (("fsdp", "trainer=fsdp"), ("ddp", "trainer=ddp")):
         result = train(out[name], strategy)
         assert result.returncode == 0, result.stderr[-3000:]
+    # ranks out of step would wait on each other's collectives: a hang fails here (the run
+    # takes about 25 s alone on 2 cores)
+    per_layer = ("trainer=fsdp", "trainer.strategy.rollout_gather=per_layer")
+    result = train(out["per_layer"], *per_layer, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
     # every rank kills itself inside step 2, after its optimizer step: step 1 survives
     killed = train(out["killed"], "trainer=fsdp", fault="update@2")
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
@@ -117,6 +125,25 @@ def test_ddp_reaches_the_same_senior(runs) -> None:
         moved = (a[k] - base[k]).abs().max()
         # the two reduce gradients in different orders: equal up to float rounding
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=f"{k} moved {moved}")
+
+
+def test_per_layer_rollouts_train_the_same_senior(runs) -> None:
+    whole, per_layer = metrics_rows(runs["fsdp"]), metrics_rows(runs["per_layer"])
+    train_rows = [r for r in per_layer if r.get("train/reward")]
+    lengths = [float(r["train/response_length"]) for r in train_rows]
+    # rows ended at different steps (EOS before max_new_tokens), so ranks finished apart
+    assert len(train_rows) == STEPS and min(lengths) < MAX_NEW_TOKENS, lengths
+    assert any(r.get("val/tandem/accuracy") for r in per_layer), "validation generated too"
+    assert len(whole) == len(per_layer)
+    for a, b in zip(whole, per_layer, strict=True):
+        keys = [k for k in a if a[k] and not k.startswith("time/")]
+        assert keys == [k for k in b if b[k] and not k.startswith("time/")]
+        # the same rollouts: the same rewards, lengths, shares, losses and validation figures
+        assert [float(b[k]) for k in keys] == pytest.approx([float(a[k]) for k in keys]), keys
+    a, b = weights(runs["fsdp"] / "senior"), weights(runs["per_layer"] / "senior")
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], msg=k)
 
 
 def test_evaluate_reads_the_export_and_the_distributed_checkpoint(runs, tmp_path: Path) -> None:

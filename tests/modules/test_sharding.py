@@ -1,11 +1,13 @@
 """FSDP2 on 2 CPU processes (gloo), without Lightning: the tiny senior sharded per decoder layer
 generates the unsharded model's very tokens, gathering its parameters once per rollout (not per
-token), and gathers back into the unsharded weights for export and vLLM weight syncs."""
+token) or layer by layer with the ranks in lockstep, and gathers back into the unsharded weights
+for export and vLLM weight syncs."""
 
 from __future__ import annotations
 
 import json
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -145,3 +147,81 @@ def test_sharded_senior_generates_exports_and_syncs_whole(tmp_path: Path) -> Non
 def test_shard_refuses_layers_that_match_nothing() -> None:
     with pytest.raises(ValueError, match=r"strategy.layers \(\['Nope'\]\) matches no module"):
         shard(_tiny(), mesh=None, layers=["Nope"])
+
+
+# per_layer: rank 0's prompts fill two prefill chunks of at most _CHUNK padded tokens and stop
+# within 10 to 15 tokens (the context limit), rank 1's one prompt fills one and runs to the end
+_CHUNK, _LIMIT, _LONG = 100, 60, 20
+_PROMPTS = [[list(range(5, 5 + w)) for w in (45, 47, 49, 50)], [[5, 6, 7, 8, 9]]]
+
+
+def _lockstep_params() -> SamplingParams:
+    return SamplingParams(
+        temperature=1.0,
+        max_new_tokens=_LONG,
+        seed=5,
+        eos_token_ids=(),
+        samples_per_prompt=2,
+        context_limit=_LIMIT,
+    )
+
+
+def _lockstep_worker(rank: int, folder: str) -> None:
+    torch.set_num_threads(1)
+    # a rank left waiting in a collective fails the test in a minute instead of hanging it
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{folder}/pg",
+        rank=rank,
+        world_size=WORLD,
+        timeout=timedelta(seconds=60),
+    )
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from tandem.engine import reader
+
+    reader._PREFILL_TOKENS["cpu"] = _CHUNK
+    mesh = init_device_mesh("cpu", (WORLD,))
+    model = shard(_tiny(), mesh)
+    calls = [0]
+    real = _count_all_gathers(calls)
+    try:
+        with gathered(model, "per_layer") as lockstep:
+            out = generate(model, None, _PROMPTS[rank], None, _lockstep_params(), lockstep=lockstep)
+    finally:
+        dist.all_gather_single = real
+    # training after such a rollout: the same gradients as a senior that never generated
+    grads = [_grads(model), _grads(shard(_tiny(), mesh))]
+    result = {
+        "all_gathers": calls[0],
+        "grads_equal": all(torch.equal(grads[0][k], grads[1][k]) for k in grads[1]),
+        "tokens": out.tokens.tolist(),
+        "logprobs": out.senior_logprobs.tolist(),
+        "lengths": out.lengths.tolist(),
+        "resharded": all(type(p).__name__ == "DTensor" for p in model.parameters()),
+    }
+    Path(folder, f"rank{rank}.json").write_text(json.dumps(result))
+    dist.destroy_process_group()
+
+
+def test_per_layer_rollouts_keep_the_ranks_in_lockstep(tmp_path: Path, monkeypatch) -> None:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    mp.spawn(_lockstep_worker, args=(str(tmp_path),), nprocs=WORLD, join=True)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
+    from tandem.engine import reader
+
+    monkeypatch.setitem(reader._PREFILL_TOKENS, "cpu", _CHUNK)
+    base = _tiny()
+    for rank, got in enumerate(ranks):
+        want = generate(base, None, _PROMPTS[rank], None, _lockstep_params())
+        assert got["tokens"] == want.tokens.tolist(), f"rank {rank}: the unsharded tokens"
+        torch.testing.assert_close(torch.tensor(got["logprobs"]), want.senior_logprobs)
+        assert got["resharded"], "every parameter a shard again after the rollout"
+        assert got["grads_equal"], "the senior trains after a per-layer rollout"
+    # the ranks finish at different steps: rank 0 after 15 tokens, rank 1 after all 20
+    assert max(ranks[0]["lengths"]) == _LIMIT - 45 and set(ranks[1]["lengths"]) == {_LONG}
+    # both make the same forwards: 2 prefill chunks and 19 steps, each gathering every layer;
+    # every unit is gathered once more on entry (the root kept for the rollout)
+    layers = base.config.num_hidden_layers
+    forwards = 2 + _LONG - 1
+    assert ranks[0]["all_gathers"] == ranks[1]["all_gathers"] == 1 + layers * (1 + forwards)

@@ -525,6 +525,13 @@ def check_pair(problems: list[str], c: dict) -> None:
     for name, metric in (c.get("metrics") or {}).items():
         if msg := cross_vocabulary_problem(f"metrics.{name}", metric):
             problems.append(msg)
+    strategy = (c.get("trainer") or {}).get("strategy")
+    if isinstance(strategy, dict) and strategy.get("rollout_gather") == "per_layer":
+        problems.append(
+            f"trainer.strategy.rollout_gather ('per_layer'): {cross}, whose engine does not step "
+            "the processes in lockstep as a senior gathered layer by layer needs. Set "
+            "trainer.strategy.rollout_gather=whole."
+        )
 
 
 def _resolved(cfg: DictConfig, key: str, fallback: Any) -> Any:

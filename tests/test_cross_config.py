@@ -62,6 +62,10 @@ def test_what_needs_one_vocabulary_is_refused_by_its_key(no_model_loads) -> None
     assert "sampler.name ('token')" in msg and "word sampler only" in msg
     assert "module.loss.kl_beta (0.1)" in msg and "kl_beta=0" in msg
     assert "module.backend.name ('vllm')" in msg
+    msg = problems(
+        "train", "model=tiny_cross", "trainer=fsdp", "trainer.strategy.rollout_gather=per_layer"
+    )
+    assert "trainer.strategy.rollout_gather ('per_layer')" in msg and "=whole" in msg
     # the evaluation's default handoff schedule (reasoning steps) cannot hand over text
     msg = problems("evaluate", "junior=tiny-bpe-small", "output_dir=x")
     assert "sampler.name ('step')" in msg and "sampler=word" in msg

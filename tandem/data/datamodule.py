@@ -271,7 +271,12 @@ class PromptDataModule(L.LightningDataModule):
         rank, world = (
             (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
         )
-        mine = list(range(rank, n, world))
+        # every rank the same number of problems, so the same number of batches: a sharded
+        # senior's forward is a collective, and a rank with one batch more would wait forever
+        used = n - n % world
+        if used < n and rank == 0:
+            log.info("validation: %d of %d problems, %d per process", used, n, used // world)
+        mine = list(range(rank, used, world))
         chunks = [
             mine[i : i + self.val_batch_size] for i in range(0, len(mine), self.val_batch_size)
         ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 from transformers import AutoTokenizer
@@ -160,3 +161,18 @@ def test_seeded_holdout_draws_the_authors_rows(tmp_path) -> None:
     assert val["problem"] == held["problem"].tolist() and report.kept == 5
     assert train["problem"] == usable.drop(held.index)["problem"].tolist()
     assert val["problem"] != [f"p{i}" for i in range(35, 40)], "not simply the last rows"
+
+
+def test_every_process_validates_as_many_batches(tokenizer) -> None:
+    # 5 problems over 2 processes in batches of 2 would give 3 and 2 problems: 2 batches and 1,
+    # and a sharded senior's collectives would wait forever for the missing batch
+    source = {"name": "arithmetic", "sizes": {"train": 8, "validation": 5}}
+    batches = []
+    for rank in (0, 1):
+        dm = PromptDataModule(source, tokenizer, batch_size=2, val_batch_size=2)
+        dm.trainer = SimpleNamespace(global_rank=rank, world_size=2, loggers=[])
+        dm.setup("fit")
+        batches.append(list(dm.val_dataloader()))
+    assert [len(b) for b in batches] == [1, 1]
+    problems = [p for ranks in batches for batch in ranks for p in batch.problems]
+    assert len(problems) == len(set(problems)) == 4

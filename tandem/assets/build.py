@@ -276,6 +276,17 @@ def build(out: Path, recipe: dict, stage1: Path | None = None) -> dict:
         "torch": torch.__version__,
         "machine": platform.machine(),
     }
+    # the first stage's model too, so that a change to the second stage can start from it
+    write_folder(out, model, tokenizer, info, {"stage1": stage1_model})
+    return info
+
+
+def write_folder(
+    out: Path, model, tokenizer, info: dict, extra: dict[str, object] | None = None
+) -> None:
+    """Write a built world's Hugging Face folder into ``out``, replacing it only once complete:
+    the model with its sampling defaults, the tokenizer, ``build_info.json``, and ``extra``
+    models in subfolders by name."""
     model.generation_config = GenerationConfig(
         eos_token_id=[tokenizer.eos_token_id, tokenizer.pad_token_id],
         pad_token_id=tokenizer.pad_token_id,
@@ -291,14 +302,13 @@ def build(out: Path, recipe: dict, stage1: Path | None = None) -> dict:
         staged = Path(tmp) / "staged"
         model.save_pretrained(staged)
         tokenizer.save_pretrained(staged)
-        # the first stage's model too, so that a change to the second stage can start from it
-        stage1_model.generation_config = model.generation_config
-        stage1_model.save_pretrained(staged / "stage1")
+        for name, other in (extra or {}).items():
+            other.generation_config = model.generation_config
+            other.save_pretrained(staged / name)
         (staged / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
         if out.exists():
             shutil.rmtree(out)
         staged.rename(out)
-    return info
 
 
 def main(argv: list[str] | None = None) -> None:

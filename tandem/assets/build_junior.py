@@ -26,16 +26,13 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
 import torch
-from transformers import GenerationConfig
 
 from tandem.assets import TINY_BPE_SMALL
-from tandem.assets.build import accuracy, encode_examples, make_model, train
+from tandem.assets.build import accuracy, encode_examples, make_model, train, write_folder
 from tandem.assets.tokenizer import train_tokenizer
 from tandem.data.arithmetic import make_splits
 from tandem.data.prompts import user_message
@@ -91,25 +88,7 @@ def build(out: Path, recipe: dict) -> dict:
         "torch": torch.__version__,
         "machine": platform.machine(),
     }
-    model.generation_config = GenerationConfig(
-        eos_token_id=[tokenizer.eos_token_id, tokenizer.pad_token_id],
-        pad_token_id=tokenizer.pad_token_id,
-        do_sample=True,
-        temperature=1.0,
-        top_k=0,
-        top_p=1.0,
-    )
-    tokenizer.padding_side = "right"
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        staged = Path(tmp) / "staged"
-        model.save_pretrained(staged)
-        tokenizer.save_pretrained(staged)
-        (staged / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
-        if out.exists():
-            shutil.rmtree(out)
-        staged.rename(out)
+    write_folder(out, model, tokenizer, info)
     return info
 
 

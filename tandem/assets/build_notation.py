@@ -25,16 +25,14 @@ import argparse
 import json
 import platform
 import random
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer, GenerationConfig, Qwen3ForCausalLM
+from transformers import AutoTokenizer, Qwen3ForCausalLM
 
 from tandem.assets import NOTATION_WORLD, TINY_WORLD
-from tandem.assets.build import accuracy, encode_examples, train
+from tandem.assets.build import accuracy, encode_examples, train, write_folder
 from tandem.data.arithmetic import make_splits
 from tandem.data.notation import compact_solution
 
@@ -99,25 +97,7 @@ def build(out: Path, recipe: dict, start: Path, budget: int = BUDGET) -> dict:
         "torch": torch.__version__,
         "machine": platform.machine(),
     }
-    model.generation_config = GenerationConfig(
-        eos_token_id=[tokenizer.eos_token_id, tokenizer.pad_token_id],
-        pad_token_id=tokenizer.pad_token_id,
-        do_sample=True,
-        temperature=1.0,
-        top_k=0,
-        top_p=1.0,
-    )
-    tokenizer.padding_side = "right"
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        staged = Path(tmp) / "staged"
-        model.save_pretrained(staged)
-        tokenizer.save_pretrained(staged)
-        (staged / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
-        if out.exists():
-            shutil.rmtree(out)
-        staged.rename(out)
+    write_folder(out, model, tokenizer, info)
     return info
 
 

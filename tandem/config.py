@@ -18,9 +18,10 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
+import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -174,6 +175,12 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
         raise ConfigError(
             f"{len(problems)} problem(s) in the config:\n" + "\n".join(f"- {p}" for p in problems)
         )
+
+
+def exit_config_error(err: Exception) -> NoReturn:
+    """Print a config error as one message (problems on the lines below) and exit with 2."""
+    print(f"config error: {config_error_message(err)}", file=sys.stderr)
+    sys.exit(2)
 
 
 def config_error_message(err: Exception) -> str:

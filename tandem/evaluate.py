@@ -17,14 +17,17 @@ What this file leaves out: the evaluation itself (``tandem.evaluation``).
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import hydra
 import torch
+from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
+from tandem.config import ConfigError, exit_config_error
 from tandem.engine import build_backend
 from tandem.evaluation.config import validate_eval_config
 from tandem.evaluation.models import load_pair
@@ -136,6 +139,9 @@ def _run(cfg: DictConfig) -> dict[str, Any]:
 def main(cfg: DictConfig) -> float | None:
     try:
         results = run(cfg)
+    except ConfigError as err:
+        # leaving here, not through Hydra's handler, keeps the message to itself: no traceback
+        exit_config_error(err)
     except RunRefused as err:
         # the user's to act on: one line, no traceback, exit status 2
         print(f"tandem.evaluate: {err}", file=sys.stderr)
@@ -144,5 +150,15 @@ def main(cfg: DictConfig) -> float | None:
     return results["macro"].get("solo/pass@1")
 
 
+def cli() -> None:
+    """``python -m tandem.evaluate``: a config problem is one message and exit status 2."""
+    # as in tandem.train: Hydra's own composition errors raise, to end in one message here
+    os.environ.setdefault("HYDRA_FULL_ERROR", "1")
+    try:
+        main()
+    except CompactHydraException as err:
+        exit_config_error(err)
+
+
 if __name__ == "__main__":
-    main()
+    cli()

@@ -24,7 +24,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import hydra
 import lightning as L
@@ -33,7 +33,7 @@ from hydra.errors import CompactHydraException
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
-from tandem.config import ConfigError, config_error_message, validate_train_config
+from tandem.config import ConfigError, exit_config_error, validate_train_config
 from tandem.data.datamodule import PromptDataModule, prompt_token_cap
 from tandem.modules.export import ExportSenior
 from tandem.modules.grpo import TandemGRPO
@@ -167,12 +167,6 @@ def cli() -> None:
         main()
     except CompactHydraException as err:
         exit_config_error(err)
-
-
-def exit_config_error(err: Exception) -> NoReturn:
-    """Print a config error as one message (problems on the lines below) and exit with 2."""
-    print(f"config error: {config_error_message(err)}", file=sys.stderr)
-    sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -260,3 +260,23 @@ def test_a_cut_short_senior_export_is_refused_in_one_line(tmp_path: Path) -> Non
         "short. Export it again (python -m tandem.train run_name=<its run> ckpt_path=last "
         "re-exports a finished run), or give another senior."
     ]
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("evall=tiny", "evall is not a key"),  # Hydra's composition error
+        ("eval.tiny.n=0", "eval.tiny"),  # our check
+    ],
+)
+def test_the_command_line_reports_a_config_problem_in_one_message(tmp_path, override, named):
+    proc = subprocess.run(
+        [sys.executable, "-m", "tandem.evaluate", f"hydra.run.dir={tmp_path}", override],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert "HYDRA_FULL_ERROR" not in proc.stderr
+    assert proc.stderr.startswith("config error: ") and named in proc.stderr

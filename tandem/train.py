@@ -29,7 +29,9 @@ from typing import Any
 import hydra
 import lightning as L
 import torch
+from hydra.core.hydra_config import HydraConfig
 from hydra.errors import CompactHydraException
+from hydra.types import RunMode
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
@@ -127,19 +129,26 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         L.seed_everything(cfg.seed, workers=True)
         trainer, module, data, stop = build(cfg)
         if trainer.global_rank == 0:
-            log.info(
-                "run folder %s; resume with: python -m tandem.train run_name=%s ckpt_path=last",
-                cfg.output_dir,
-                cfg.run_name,
-            )
+            log.info("run folder %s; resume with: %s", cfg.output_dir, resume_hint(cfg))
         trainer.fit(module, datamodule=data, ckpt_path=ckpt)
     if stop.stopping:
         raise RunInterrupted(
             f"stopped by a signal at step {trainer.global_step}, its checkpoint saved; resume "
-            f"with: python -m tandem.train run_name={cfg.run_name} ckpt_path=last",
+            f"with: {resume_hint(cfg)}",
             stop.exit_code - 128,
         )
     return {k: float(v) for k, v in trainer.callback_metrics.items()}
+
+
+def resume_hint(cfg: DictConfig) -> str:
+    """The command that resumes this run: its own, or its sweep's for a job of a multirun."""
+    try:
+        multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+    except ValueError:  # not started by Hydra (a test, a notebook)
+        multirun = False
+    if multirun:
+        return "the sweep's own command again, with ckpt_path=last (as the study configs set it)"
+    return f"python -m tandem.train run_name={cfg.run_name} ckpt_path=last"
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")

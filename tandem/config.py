@@ -18,12 +18,14 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
+import os
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NoReturn
 
 import hydra
+from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
 from tandem.assets import resolve
@@ -175,6 +177,20 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
         raise ConfigError(
             f"{len(problems)} problem(s) in the config:\n" + "\n".join(f"- {p}" for p in problems)
         )
+
+
+def run_command(main: Callable[[], Any]) -> None:
+    """Run a ``@hydra.main`` command so that a config problem is one message and exit status 2.
+
+    Hydra prints its own errors with a trimmed traceback and exits 1; HYDRA_FULL_ERROR makes it
+    raise them instead, so that its composition errors (an override of a key that does not
+    exist, an unknown option of a group) end here like the checks of this module do.
+    """
+    os.environ.setdefault("HYDRA_FULL_ERROR", "1")
+    try:
+        main()
+    except CompactHydraException as err:
+        exit_config_error(err)
 
 
 def exit_config_error(err: Exception) -> NoReturn:
@@ -476,6 +492,32 @@ def _check_model(problems: list[str], model: dict) -> None:
             problems.append(msg)
 
 
+def cross_vocabulary_pair(problems: list[str], pair: dict[str, tuple[Any, str]]) -> bool:
+    """Whether the two models of ``pair`` (key -> (its value, the folder or hub name of its
+    tokenizer)) have vocabularies of their own; for such a pair, a problem for each tokenizer that
+    cannot split before a space. Only the tokenizers load (small files), never the models.
+
+    A tokenizer that does not load is a problem too, and the pair then counts as not crossed.
+    """
+    try:
+        tokenizers = {key: load_tokenizer(path) for key, (_, path) in pair.items()}
+    except Exception as err:  # a folder or hub name whose tokenizer does not load
+        names = " and ".join(repr(value) for value, _ in pair.values())
+        problems.append(f"{' and '.join(pair)}: the tokenizers of {names} do not load: {err}")
+        return False
+    if same_vocabulary(*tokenizers.values()):
+        return False
+    for key, tok in tokenizers.items():
+        if why := split_problem(tok):
+            problems.append(
+                f"{key} ({pair[key][0]!r}): its tokenizer cannot share words with a partner of "
+                f"another vocabulary: {why}. Handing words over as text needs both "
+                "pre-tokenizers to split before a space (byte-level BPE with a Qwen, GPT-2 or "
+                "Llama 3 pattern does). Pair it with a junior of its own tokenizer instead."
+            )
+    return True
+
+
 def check_pair(problems: list[str], c: dict) -> None:
     """A junior with a tokenizer of its own (``tandem.engine.cross``): both tokenizers must
     split before a space, and what needs one shared vocabulary is refused, each naming its key.
@@ -486,24 +528,9 @@ def check_pair(problems: list[str], c: dict) -> None:
     senior, junior = model.get("name_or_path"), model.get("junior_name_or_path")
     if junior is None or resolve(junior) == resolve(senior):
         return
-    try:
-        tokenizers = {
-            key: load_tokenizer(v)
-            for key, v in (("name_or_path", senior), ("junior_name_or_path", junior))
-        }
-    except Exception as err:  # a folder or hub name whose tokenizer does not load
-        problems.append(f"model: the tokenizers of {senior!r} and {junior!r} do not load: {err}")
+    pair = {"model.name_or_path": (senior, senior), "model.junior_name_or_path": (junior, junior)}
+    if not cross_vocabulary_pair(problems, pair):
         return
-    if same_vocabulary(*tokenizers.values()):
-        return
-    for key, tok in tokenizers.items():
-        if why := split_problem(tok):
-            problems.append(
-                f"model.{key} ({model.get(key)!r}): its tokenizer cannot share words with a "
-                f"partner of another vocabulary: {why}. Handing words over as text needs both "
-                "pre-tokenizers to split before a space (byte-level BPE with a Qwen, GPT-2 or "
-                "Llama 3 pattern does). Pair it with a junior of its own tokenizer instead."
-            )
     cross = "model.junior_name_or_path has a tokenizer of its own (a cross-vocabulary pair)"
     samplers = [("sampler", c.get("sampler"))]
     if (c.get("validation") or {}).get("sampler") is not None:

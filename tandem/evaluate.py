@@ -17,17 +17,15 @@ What this file leaves out: the evaluation itself (``tandem.evaluation``).
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import hydra
 import torch
-from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
-from tandem.config import ConfigError, exit_config_error
+from tandem.config import ConfigError, exit_config_error, run_command
 from tandem.engine import build_backend
 from tandem.evaluation.config import validate_eval_config
 from tandem.evaluation.models import load_pair
@@ -152,12 +150,7 @@ def main(cfg: DictConfig) -> float | None:
 
 def cli() -> None:
     """``python -m tandem.evaluate``: a config problem is one message and exit status 2."""
-    # as in tandem.train: Hydra's own composition errors raise, to end in one message here
-    os.environ.setdefault("HYDRA_FULL_ERROR", "1")
-    try:
-        main()
-    except CompactHydraException as err:
-        exit_config_error(err)
+    run_command(main)
 
 
 if __name__ == "__main__":

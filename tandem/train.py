@@ -21,7 +21,6 @@ What this file leaves out: the training step (``tandem.modules.grpo``).
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,12 +29,11 @@ import hydra
 import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import CompactHydraException
 from hydra.types import RunMode
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
-from tandem.config import ConfigError, exit_config_error, validate_train_config
+from tandem.config import ConfigError, exit_config_error, run_command, validate_train_config
 from tandem.data.datamodule import PromptDataModule, prompt_token_cap
 from tandem.modules.export import ExportSenior
 from tandem.modules.grpo import TandemGRPO
@@ -168,14 +166,7 @@ def main(cfg: DictConfig) -> float | None:
 
 def cli() -> None:
     """``python -m tandem.train``: a config problem is one message and exit status 2."""
-    # Hydra prints its own errors with a trimmed traceback and exits 1; HYDRA_FULL_ERROR makes it
-    # raise them instead, so that its composition errors (an override of a key that does not
-    # exist, an unknown option of a group) end here like the checks of tandem.config do
-    os.environ.setdefault("HYDRA_FULL_ERROR", "1")
-    try:
-        main()
-    except CompactHydraException as err:
-        exit_config_error(err)
+    run_command(main)
 
 
 if __name__ == "__main__":

@@ -8,13 +8,11 @@ from pathlib import Path
 
 import pytest
 import transformers
+from cross_tokenizers import trailing_space_tokenizer
 from hydra import compose, initialize_config_dir
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
 
 from tandem.assets import TINY_WORLD
 from tandem.config import ConfigError, validate_train_config
-from tandem.engine.cross import PROBE_TEXTS
 from tandem.evaluation.config import validate_eval_config
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
@@ -78,19 +76,7 @@ def test_the_same_junior_config_is_not_touched(no_model_loads) -> None:
 def _trailing_space_model(folder: Path) -> Path:
     """A model folder whose tokenizer's words carry the space after them: it cannot cut text
     before a space."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(r"\S+\s*"), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    tok.train_from_iterator(list(PROBE_TEXTS) * 20, trainer)
-    PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(folder)
+    trailing_space_tokenizer().save_pretrained(folder)
     shutil.copy(TINY_WORLD / "config.json", folder / "config.json")
     return folder
 

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+from cross_tokenizers import trailing_space_tokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tandem.assets import TINY_BPE_SMALL
 from tandem.data.arithmetic import make_splits
 from tandem.engine import JUNIOR, PAD, SENIOR, SamplingParams, StopReason, generate
 from tandem.engine.cross import (
-    PROBE_TEXTS,
     CrossRollouts,
     _BlockReader,
     generate_cross,
@@ -215,26 +214,8 @@ def test_a_block_read_equals_reading_token_by_token(senior, prompts, attention) 
             assert torch.allclose(after[row], want, atol=1e-4), "padded columns stay hidden"
 
 
-def _trailing_space_tokenizer() -> PreTrainedTokenizerFast:
-    """A byte-level BPE whose words carry the space *after* them (``We `` ``begin``): text cut
-    before a space tokenizes differently from the whole."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(r"\S+\s*"), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    tok.train_from_iterator(list(PROBE_TEXTS) * 20, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok)
-
-
 def test_a_tokenizer_that_cannot_cut_before_a_space_is_named() -> None:
-    why = split_problem(_trailing_space_tokenizer())
+    why = split_problem(trailing_space_tokenizer())
     assert why is not None and "pre-tokenizer does not split before a space" in why
 
 

@@ -171,7 +171,8 @@ class TandemGRPO(L.LightningModule):
 
     @property
     def junior_tokenizer(self) -> Any:
-        """The junior's tokenizer (another family's, or the senior's own); None without one."""
+        """The junior's tokenizer when its vocabulary is its own (another family's); None for a
+        junior of the senior's vocabulary, or none."""
         return None if self.junior_holder is None else self.junior_holder.tokenizer
 
     def configure_optimizers(self) -> Any:

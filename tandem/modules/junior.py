@@ -22,6 +22,7 @@ from typing import Any
 import lightning as L
 import torch
 
+from tandem.engine.cross import same_vocabulary
 from tandem.modules.models import load_causal_lm, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -29,7 +30,8 @@ log = logging.getLogger(__name__)
 
 class FrozenModel:
     """A model held outside ``nn.Module`` attribute registration (so never a submodule), with
-    its tokenizer (a junior of another family reads and writes in its own tokens)."""
+    its tokenizer when its vocabulary is its own (a junior of another family reads and writes
+    in its own tokens; None for a junior of the senior's vocabulary)."""
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any = None) -> None:
         self.model = model
@@ -60,7 +62,12 @@ class JuniorCallback(L.Callback):
             model = load_causal_lm(self.name_or_path, self.dtype)
             model.requires_grad_(False)
             model.eval()
-            self.holder = FrozenModel(model, load_tokenizer(self.name_or_path))
+            # its own tokenizer is kept only when it differs from the senior's, so that the
+            # engine compares vocabularies once here, not at every rollout
+            tokenizer = load_tokenizer(self.name_or_path)
+            if same_vocabulary(getattr(pl_module, "tokenizer", None), tokenizer):
+                tokenizer = None
+            self.holder = FrozenModel(model, tokenizer)
             log.info("junior %s loaded and frozen", self.name_or_path)
         device = torch.device(self.device) if self.device else pl_module.device
         self.holder.model.to(device)

@@ -15,11 +15,16 @@ model ever sees a word cut in two. The rule (the word schedule's, on text):
 
 Reading: whenever an author's words are complete (at every proposed onset), they are
 re-tokenized into the other model's tokens and appended to its sequence, marked with their
-author. Every model reads its queue, its own drawn tokens and the other's words alike, up to
-``_READ_TOKENS`` per row and step (one batched forward per model, rows with nothing queued
-masked), so the model that is not writing reads along one word behind, and at a change of pen it
-has at most the last word left to read. An author draws once it has read everything; a row whose
-pen just changed waits a step or two. Re-tokenizing word by word equals tokenizing the whole
+author. A model reads a row's queue when it writes there: its own last token, or, when the pen
+has just come to it, everything the other wrote since its last turn, in one packed forward
+(``tandem.engine.packed``: only the tokens really read go through the layers, each row's however
+many), then draws. Each step gives the models turns junior, senior, junior, so the new author of a
+row always has a turn right after the change of pen (the withdrawn proposal costs no step), and
+the junior, whose tokens are usually shorter, writes up to two tokens a step to the senior's
+one. Reading late costs nothing: the tokens go through the layers once either way, and a model
+makes no forward in a turn with nothing to write. Models that cannot be read packed (not sdpa,
+or sliding-window layers) read right-padded blocks instead (``_BlockReader``), with the same
+results. Re-tokenizing word by word equals tokenizing the whole
 text under such pre-tokenizers (``tests/engine/test_cross.py`` checks it on the tiny world);
 the loss never depends on it anyway, since it reads the senior's own sequence.
 
@@ -31,7 +36,7 @@ its log-probs (the legibility metrics' per-byte figures). ``junior_logprobs`` an
 ``ref_logprobs`` are ``None``: no per-token junior figure exists on the senior's tokens.
 
 Randomness: the token draws and the coins come from two CPU generators seeded from
-``params.seed`` (``tandem.engine.draw``), one uniform per row per step each.
+``params.seed`` (``tandem.engine.draw``), one uniform per row per turn each.
 
 Lengths: a row stops on either model's EOS (the other model's sequence gets its own EOS), or when
 the senior's sequence could exceed the row's budget (``max_new_tokens`` / ``context_limit``):
@@ -59,19 +64,14 @@ from torch import Tensor
 from tandem.engine.base import JUNIOR, PAD, SENIOR, Rollouts, SamplingParams, StopReason
 from tandem.engine.cache import reserved
 from tandem.engine.draw import coin_generator, draw, score
+from tandem.engine.packed import PackedReader, packable
 from tandem.engine.reader import Reader
 from tandem.samplers.boundaries import token_surfaces
 
 # Compact the batch once this fraction of its rows has finished (as ``generate`` does).
 _COMPACT_FRACTION = 1 / 8
-# The most queued tokens a model reads per row and step. One: transformers' sdpa attention
-# reads a single query on the key/value heads as they are (grouped-query packing), but copies
-# the whole cache per layer for more (``repeat_kv``). On the tiny pair, 2-token reads cut the
-# steps of a batch from 378 to 304 but made it slower (0.45 of same-vocabulary tandem against
-# 0.5); with a grouped-query attention that avoids the copy they only broke even.
-_READ_TOKENS = 1
-# Every so many steps, each cache drops the columns its rows did not read (``drop_hidden_columns``)
-# when at least ``_HIDDEN_COLUMNS_WORTH_DROPPING`` of them can go.
+# Every so many steps, each block reader's cache drops the columns its rows did not read
+# (``tidy``) when at least ``_HIDDEN_COLUMNS_WORTH_DROPPING`` of them can go.
 _DROP_HIDDEN_EVERY = 16
 _HIDDEN_COLUMNS_WORTH_DROPPING = 16
 
@@ -248,7 +248,7 @@ def _tables(tokenizer: Any) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def _model(model: Any, tokenizer: Any, code: int, eos: tuple[int, ...], pad: int) -> _Model:
-    reader = _BlockReader(model)
+    reader = PackedReader(model) if packable(model) else _BlockReader(model)
     # ids past the tokenizer (padding rows of the logits) spell nothing and begin no word
     width = model.get_output_embeddings().weight.shape[0]
     tables = [torch.cat([t, t.new_zeros(max(0, width - t.numel()))]) for t in _tables(tokenizer)]
@@ -263,9 +263,22 @@ class _BlockReader(Reader):
     Rows read different numbers of tokens (a catch-up, one token, or none); the block's padded
     columns are hidden from every later position, and padded queries see the block up to
     themselves so that their (discarded) outputs, which feed the cache's later layers, are finite.
+    It serves the models ``PackedReader`` cannot read, at the cost of a padded slot in every layer
+    for each row that reads less than the most.
     """
 
-    def feed(self, tokens: Tensor, valid: Tensor) -> Tensor:
+    def feed(self, rows: Tensor, tokens: Tensor, counts: Tensor) -> Tensor:
+        """``PackedReader.feed``'s contract: ``counts[i]`` tokens for batch row ``rows[i]``,
+        packed in ``tokens [M]``; ``[M, V]`` logits, each after its own token."""
+        n, m = self.position.shape[0], tokens.shape[0]
+        offsets = torch.arange(m) - (counts.cumsum(0) - counts).repeat_interleave(counts)
+        at = rows.repeat_interleave(counts)  # [M] batch row of each token
+        block = torch.zeros(n, int(counts.max()), dtype=torch.long)
+        valid = torch.zeros(n, block.shape[1], dtype=torch.bool)
+        block[at, offsets], valid[at, offsets] = tokens.cpu(), True
+        return self.feed_block(block, valid)[at.to(self.device), offsets.to(self.device)]
+
+    def feed_block(self, tokens: Tensor, valid: Tensor) -> Tensor:
         """Read ``tokens [n, K]`` where ``valid [n, K]`` (right-padded); ``[n, K, V]`` logits."""
         n, k = tokens.shape
         tokens, valid = tokens.to(self.device), valid.to(self.device)
@@ -297,7 +310,7 @@ class _BlockReader(Reader):
         self.position = self.position + valid.long().sum(1)
         return out.logits.float()  # [n, K, V]
 
-    def drop_hidden_columns(self) -> None:
+    def tidy(self) -> None:
         """Move each row's visible cache columns to the front and drop the columns no row sees.
 
         Every read adds a column for every row, hidden where the row read nothing, so a cache
@@ -347,8 +360,8 @@ class _CrossLoop:
 
     Every token a model's sequence gains (its own, or the other author's completed words in its
     tokens) is queued for it to read: its cache has read ``read[m]`` of its ``length[m]`` tokens.
-    Each step every model reads up to ``_READ_TOKENS`` queued tokens per row, so a model that is
-    not writing reads along a word behind; an author draws once it has read everything. Batch
+    In its turn a model reads all its queued tokens of the rows it writes (and of rows that have
+    ended), then draws for the live ones. Batch
     rows (``[n]`` tensors) shrink as rows finish; sequences live in ``[N, cap]`` buffers indexed
     by rollout row (``self.rows`` maps a batch row to its rollout row). A finished row stays
     until the other model has read its last words, so that both sequences carry log-probs.
@@ -360,6 +373,8 @@ class _CrossLoop:
         self.home = senior.reader.device
         self.generator = torch.Generator().manual_seed(params.seed)
         self.coins = coin_generator(params.seed)
+        # writer code -> {its token chunk: the other model's tokens of its text}
+        self._translations: dict[int, dict[tuple[int, ...], list[int]]] = {SENIOR: {}, JUNIOR: {}}
 
     def run(
         self, senior_prompt: tuple[Tensor, Tensor], junior_prompt: tuple[Tensor, Tensor]
@@ -392,7 +407,7 @@ class _CrossLoop:
             steps += 1
             if steps % _DROP_HIDDEN_EVERY == 0:
                 for m in self.models:
-                    m.reader.drop_hidden_columns()
+                    m.reader.tidy()
             busy = self.live.clone()  # [n] rows still writing, or still being read
             for m in self.models:
                 busy |= self.read[m.code][self.rows] < self.length[m.code][self.rows]
@@ -402,32 +417,31 @@ class _CrossLoop:
 
     # -- one step ------------------------------------------------------------------------------
     def _step(self) -> None:
-        """Both models read; live authors that have read everything propose; coins settle
-        onsets; completed words pass to the other model's sequence."""
+        """Turns junior, senior, junior (see the module): a change of pen in one turn is taken
+        up by the other model in the next."""
+        for code in (JUNIOR, SENIOR, JUNIOR):
+            self._turn(self.models[code])
+
+    def _turn(self, m: _Model) -> None:
+        """``m`` reads the rows it writes, proposes a token in each, coins settle onsets, and
+        completed words pass to the other model."""
         n, home = self.rows.shape[0], self.home
         # drawn for every rollout row, dropped or not, so that a row's stream is its own
         uniforms = torch.rand(self.total, generator=self.generator).to(home)[self.rows]
         coins = torch.rand(self.total, generator=self.coins).to(home)[self.rows]
-        for m in self.models:
-            self._read(m)
-        token = torch.full((n,), -1, dtype=torch.long, device=home)
-        spaced = torch.zeros(n, dtype=torch.bool, device=home)
-        ready = torch.zeros(n, dtype=torch.bool, device=home)
-        for m in self.models:
-            mine = self.live & (self.author == m.code)
-            mine &= self.read[m.code][self.rows] == self.length[m.code][self.rows]
-            rows = mine.nonzero().squeeze(1)  # [r]
-            if rows.numel() == 0:
-                continue
-            token[rows] = self._draw(m, rows, uniforms[rows])
-            spaced[rows] = m.spaced[token[rows]]
-            ready |= mine
-        if not bool(ready.any()):
+        self._read(m)
+        ready = self.live & (self.author == m.code)
+        ready &= self.read[m.code][self.rows] == self.length[m.code][self.rows]
+        rows = ready.nonzero().squeeze(1)  # [r]
+        if rows.numel() == 0:
             return
+        token = torch.full((n,), -1, dtype=torch.long, device=home)
+        token[rows] = self._draw(m, rows, uniforms[rows])
+        spaced = ready & m.spaced[token.clamp(min=0)]
         winner = torch.where(coins < self.p, SENIOR, JUNIOR)  # [n]
-        switch = ready & spaced & ~self.onset & (winner != self.author)
+        switch = spaced & ~self.onset & (winner != m.code)
         # the author's words so far are complete at a proposed onset, kept or withdrawn
-        self._pass_words((ready & spaced).nonzero().squeeze(1))
+        self._pass_words(spaced.nonzero().squeeze(1))
         self.author = torch.where(switch, winner, self.author)
         self.onset = torch.where(ready, switch, self.onset)
         for i in switch.nonzero().squeeze(1).tolist():
@@ -453,32 +467,47 @@ class _CrossLoop:
         return token.to(self.home)
 
     def _read(self, m: _Model) -> None:
-        """Model ``m`` reads up to ``_READ_TOKENS`` queued tokens per row and records its
-        log-prob of each (a drawn token gets the figure it was drawn with again; the other's
-        words get their teacher-forced one)."""
-        code, rows = m.code, self.rows
+        """Model ``m`` reads its queued tokens of the rows it writes and of rows that have ended,
+        and records its log-prob of each (a drawn token gets the figure it was drawn with again;
+        the other's words get their teacher-forced one)."""
+        code, rows, home = m.code, self.rows, self.home
         start = self.read[code][rows]  # [n]
-        k = min(int((self.length[code][rows] - start).max()), _READ_TOKENS)
-        if k <= 0:
+        count = self.length[code][rows] - start  # [n]
+        # rows it is writing (or that have ended); the others' words wait until its turn comes
+        count = torch.where((self.author == code) | ~self.live, count, 0)
+        sel = (count > 0).nonzero().squeeze(1)  # [r] batch rows with something to read
+        if sel.numel() == 0:
             return
+        counts = count[sel]  # [r]
+        total = int(counts.sum())
+        offsets = torch.arange(total, device=home) - (counts.cumsum(0) - counts).repeat_interleave(
+            counts, output_size=total
+        )  # [M] each token's place in its row's queue
+        at = sel.repeat_interleave(counts, output_size=total)  # [M] batch row of each token
+        full, cols = rows[at], start[at] + offsets  # [M] each
         seq = self.out[code]
-        cols = start[:, None] + torch.arange(k, device=self.home)  # [n, K]
-        valid = cols < self.length[code][rows, None]  # [n, K]
-        cols = cols.clamp(max=seq["tokens"].shape[1] - 1)
-        block = torch.where(valid, seq["tokens"][rows[:, None], cols], m.pad)  # [n, K]
-        logits = m.reader.feed(block, valid).to(self.home)  # [n, K, V]
-        # the logits before each read token: the last ones, then the block's own
-        before = torch.cat([self.last[code][:, None], logits[:, : k - 1]], dim=1)  # [n, K, V]
-        r, c = rows[:, None].expand(-1, k)[valid], cols[valid]  # [M] each
-        picked, chosen = block[valid][:, None], before[valid]  # [M, 1], [M, V]
-        seq["logprobs"][r, c] = chosen.log_softmax(-1).gather(1, picked).squeeze(1)
+        picked = seq["tokens"][full, cols]  # [M]
+        logits = m.reader.feed(sel, picked, counts).to(home)  # [M, V]
+        # the logits before each read token: the row's last ones, or its previous token's
+        before = torch.cat([self.last[code][sel], logits])  # [r + M, V]
+        index = torch.arange(total, device=home) + sel.shape[0] - 1  # the previous token's
+        first = (offsets == 0).nonzero().squeeze(1)
+        index[first] = torch.arange(sel.shape[0], device=home)  # the row's last logits
+        self._record(seq, full, cols, before, index, picked)
+        self.last[code][sel] = logits[counts.cumsum(0) - 1]
+        self.read[code][rows[sel]] = start[sel] + counts
+
+    def _record(
+        self, seq: dict, full: Tensor, cols: Tensor, logits: Tensor, index: Tensor, picked: Tensor
+    ) -> None:
+        """Record ``seq``'s log-probs of tokens ``picked [M]`` (rows ``full``, columns ``cols``)
+        under ``logits[index]``: raw, and at the loss temperature if it is set."""
+        lp = logits.log_softmax(-1)[index]  # [M, V]
+        seq["logprobs"][full, cols] = lp.gather(1, picked[:, None]).squeeze(1)
         t = self.params.logprob_temperature
         if t is not None:
-            seq["old"][r, c] = (chosen / t).log_softmax(-1).gather(1, picked).squeeze(1)
-        got = valid.sum(1)  # [n]
-        last = logits[torch.arange(rows.shape[0], device=self.home), (got - 1).clamp(min=0)]
-        self.last[code] = torch.where((got > 0)[:, None], last, self.last[code])
-        self.read[code][rows] = start + got
+            tempered = (logits / t).log_softmax(-1)[index]
+            seq["old"][full, cols] = tempered.gather(1, picked[:, None]).squeeze(1)
 
     def _pass_words(self, batch_rows: Tensor, eos: list[bool] | None = None) -> None:
         """Give the other model each row's current author's words since ``sync`` (complete
@@ -502,9 +531,8 @@ class _CrossLoop:
                 self.sync[rows].tolist(), self.length[writer.code][rows].tolist(), strict=True
             )
             ids = self.out[writer.code]["tokens"][rows].tolist()
-            chunks = [row_ids[a:b] for row_ids, (a, b) in zip(ids, spans, strict=True)]
-            texts = writer.tokenizer.batch_decode(chunks, skip_special_tokens=True)
-            encoded = reader.tokenizer(texts, add_special_tokens=False)["input_ids"]
+            chunks = [tuple(row_ids[a:b]) for row_ids, (a, b) in zip(ids, spans, strict=True)]
+            encoded = self._translate(writer, reader, chunks)
             for i, row, new in zip(picked, rows, encoded, strict=True):
                 if ends[i] and reader.eos.numel():
                     new = [*new, int(reader.eos[0])]
@@ -512,6 +540,18 @@ class _CrossLoop:
                 self.sync[row] = self.length[writer.code][row]
                 if reader.code == SENIOR:
                     self.unread[row] = 0
+
+    def _translate(self, writer: _Model, reader: _Model, chunks: list[tuple[int, ...]]) -> list:
+        """``reader``'s tokens of each of ``writer``'s token ``chunks`` (decoded, special tokens
+        skipped, and encoded again). A batch's words repeat, so each chunk is translated once
+        per call."""
+        known = self._translations[writer.code]
+        new = list({c for c in chunks if c not in known})
+        if new:
+            texts = writer.tokenizer.batch_decode([list(c) for c in new], skip_special_tokens=True)
+            encoded = reader.tokenizer(texts, add_special_tokens=False)["input_ids"]
+            known.update(zip(new, encoded, strict=True))
+        return [known[c] for c in chunks]
 
     def _append(self, code: int, row: int, ids: list[int], author: int) -> None:
         """Append ``ids`` (written by ``author``) to model ``code``'s sequence of ``row``."""

@@ -23,6 +23,8 @@ from tandem.engine.cross import (
     generate_cross,
     split_problem,
 )
+from tandem.engine.packed import PackedReader, packable
+from tandem.engine.reader import Reader
 from tandem.modules.logprobs import sequence_logprobs
 from tandem.samplers import TokenSampler, WordSampler
 
@@ -197,8 +199,8 @@ def test_a_block_read_equals_reading_token_by_token(senior, prompts, attention) 
     nine = torch.tensor([[9], [9], [9]])
     with torch.inference_mode():
         one.prefill(ids, mask, 1, 8)
-        got = one.feed(block, valid)  # [3, 3, V]
-        after = one.feed(nine, torch.ones(3, 1, dtype=torch.bool))[:, 0]  # [3, V]
+        got = one.feed_block(block, valid)  # [3, 3, V]
+        after = one.feed_block(nine, torch.ones(3, 1, dtype=torch.bool))[:, 0]  # [3, V]
         steps.prefill(ids, mask, 1, 8)
         for k in range(3):
             want = steps.step(block[:, k], valid[:, k])
@@ -212,6 +214,65 @@ def test_a_block_read_equals_reading_token_by_token(senior, prompts, attention) 
                 alone.step(torch.tensor([token]), torch.ones(1, dtype=torch.bool))
             want = alone.step(torch.tensor([9]), torch.ones(1, dtype=torch.bool))[0]
             assert torch.allclose(after[row], want, atol=1e-4), "padded columns stay hidden"
+
+
+@pytest.mark.parametrize("reading", ["most rows", "few rows"])
+def test_a_packed_read_equals_reading_token_by_token(senior, prompts, reading) -> None:
+    """Rows read different numbers of tokens (none, one, a catch-up) in one packed forward: each
+    token's logits, and what every row reads next, equal reading its tokens one by one."""
+    n = 6
+    ids, mask = _left_padded(prompts[:n])
+    reads = {
+        "most rows": [[5, 6, 7], [8], [], [9, 10], [11], [12]],
+        "few rows": [[5, 6, 7], [], [], [], [], [8]],
+    }
+    reads = reads[reading]
+    packed = PackedReader(senior)
+    alone = [Reader(senior) for _ in range(n)]
+    with torch.inference_mode():
+        packed.prefill(ids, mask, 1, 4)
+        rows = torch.tensor([i for i in range(n) if reads[i]])
+        tokens = torch.tensor([t for r in reads for t in r])
+        counts = torch.tensor([len(r) for r in reads if r])
+        got = packed.feed(rows, tokens, counts)  # [M, V]
+        after = packed.feed(torch.arange(n), torch.full((n,), 13), torch.ones(n, dtype=torch.long))
+        at = 0
+        for i in range(n):
+            alone[i].prefill(
+                ids[i : i + 1, -int(mask[i].sum()) :], mask[i : i + 1, -int(mask[i].sum()) :], 1, 8
+            )
+            for token in reads[i]:
+                want = alone[i].step(torch.tensor([token]), torch.ones(1, dtype=torch.bool))[0]
+                assert torch.allclose(got[at], want, atol=1e-4), (reading, i, token)
+                at += 1
+            want = alone[i].step(torch.tensor([13]), torch.ones(1, dtype=torch.bool))[0]
+            assert torch.allclose(after[i], want, atol=1e-4), "each row's cache holds what it read"
+    assert senior.config._attn_implementation == "sdpa", "the model's attention is put back"
+
+
+def _left_padded(prompts):
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[0] * (width - len(p)) + list(p) for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    return ids, mask
+
+
+def test_models_read_in_blocks_give_the_same_rollouts_as_packed_ones(
+    senior, small_junior, prompts, tokenizer, junior_tokenizer
+) -> None:
+    """Eager attention cannot be read packed: the block reader serves it, and the rollouts are
+    the packed ones (same draws, log-probs within float rounding)."""
+    eager = [
+        m.__class__.from_pretrained(m.name_or_path, attn_implementation="eager").eval()
+        for m in (senior, small_junior)
+    ]
+    assert not packable(eager[0]) and packable(senior)
+    packed = cowrite(senior, small_junior, prompts, tokenizer, junior_tokenizer)
+    blocks = cowrite(*eager, prompts, tokenizer, junior_tokenizer)
+    assert blocks.texts == packed.texts
+    assert torch.equal(blocks.tokens, packed.tokens)
+    assert torch.allclose(blocks.senior_logprobs, packed.senior_logprobs, atol=1e-4)
+    assert torch.allclose(blocks.junior.logprobs, packed.junior.logprobs, atol=1e-4)
 
 
 def test_a_tokenizer_that_cannot_cut_before_a_space_is_named() -> None:

@@ -1,0 +1,277 @@
+"""Reading packed tokens: each row reads however many tokens it has, in one forward per model.
+
+A cross-vocabulary pair's models read unevenly: at a given step one row's model reads its own
+last token, another's a word the other author has just finished, a third's nothing. A batched
+forward over a right-padded ``[rows, K]`` block pays for every padded slot in every layer, and
+a cache that grows by K columns for every row. Here the tokens that are really read are packed
+into one sequence ``[1, M]``: the projections and MLPs see only them, and each row's keys and
+values go to its own next free columns of a per-row cache (``[N, H_kv, capacity, d]`` a layer),
+so the cache grows with what each row has read, not with the steps.
+
+Attention is the one part that needs rows. An attention function registered with transformers'
+``AttentionInterface`` (``tandem_packed``), selected for the duration of each packed forward,
+writes the packed keys and values into the rows' columns, lays the packed queries out as
+``[rows, K]`` (padding here costs one small matmul, not a layer), and runs
+``scaled_dot_product_attention`` over the rows' caches with each query seeing its row's prompt and
+its row's tokens up to itself. Grouped-query heads are folded into the query axis, so keys and
+values are read as they are stored (no ``repeat_kv`` copy). The packing travels to the attention
+function as the model's ``attention_mask`` mapping (transformers passes a dict of masks through
+untouched).
+
+It serves decoder-only models whose layers are all full attention and whose attention goes
+through ``AttentionInterface`` (Qwen3, Qwen2, Llama, Mistral and their kin, read with ``sdpa``):
+``packable`` says which; the cross engine reads other models with right-padded blocks.
+
+What this file leaves out: the prompts (read by ``tandem.engine.reader.Reader.prefill``, whose
+cache becomes the first columns here) and sampling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from transformers import AttentionInterface
+
+from tandem.engine.cache import new_cache, reserved
+from tandem.engine.reader import Reader
+
+PACKED = "tandem_packed"
+
+
+@dataclass
+class Layout:
+    """Some of a packed forward's queries laid out as ``[r, K]`` for attention.
+
+    Attributes:
+        rows: ``[r]`` the batch rows laid out, or None for every batch row in order (the caches
+            are then read in place rather than gathered; rows with nothing here get padded
+            queries).
+        tokens: ``[Q]`` which packed tokens are laid out here.
+        slots: ``[Q]`` their places in the ``[r, K]`` layout.
+        width: ``K``.
+        mask: ``[r, 1, groups * K, C]``, 0 where a query sees one of the first ``C`` columns and
+            -inf where it does not, repeated for the query heads that share a key/value head.
+        queries: ``[r * K, H, d]`` zeros, the queries' buffer (each layer fills the slots).
+    """
+
+    rows: Tensor | None
+    tokens: Tensor
+    slots: Tensor
+    width: int
+    mask: Tensor
+    queries: Tensor
+
+
+@dataclass
+class Packing:
+    """Where each packed token of one forward belongs.
+
+    Attributes:
+        reader: the reader whose per-row caches the keys and values go to.
+        token_rows: ``[M]`` batch row of each packed token.
+        columns: ``[M]`` cache column each packed token's keys go to.
+        layouts: the queries' layouts: each row's first token, one per row, then the rest of
+            the rows that read more (few, at a change of pen), so that a long read by a few
+            rows does not pad every row's queries.
+    """
+
+    reader: PackedReader
+    token_rows: Tensor
+    columns: Tensor
+    layouts: list[Layout]
+
+
+def packed_attention(
+    module: Any,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Any,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[Tensor, None]:
+    """Attention for a packed forward (see the module); ``attention_mask`` is a ``Packing``.
+
+    ``query [1, H, M, d]``, ``key``/``value [1, H_kv, M, d]``; returns ``[1, M, H, d]``.
+    """
+    pack: Packing = attention_mask
+    stored_keys, stored_values = pack.reader.storage[module.layer_idx]  # [N, H_kv, capacity, d]
+    stored_keys[pack.token_rows, :, pack.columns] = key[0].transpose(0, 1)
+    stored_values[pack.token_rows, :, pack.columns] = value[0].transpose(0, 1)
+    heads, m, d = query.shape[1:]
+    kv_heads = stored_keys.shape[1]
+    packed = query[0].transpose(0, 1)  # [M, H, d]
+    out = None if len(pack.layouts) == 1 else packed.new_empty(m, heads, d)
+    for lay in pack.layouts:
+        c = lay.mask.shape[-1]
+        keys, values = stored_keys[:, :, :c], stored_values[:, :, :c]
+        if lay.rows is not None:
+            keys, values = keys[lay.rows], values[lay.rows]
+        r, k = lay.mask.shape[0], lay.width
+        queries = lay.queries  # its padded slots stay zero: every layer fills the same slots
+        queries[lay.slots] = packed[lay.tokens]
+        # [r, H, K, d] -> [r, H_kv, groups * K, d]: a key/value head's query heads side by side
+        queries = queries.view(r, k, heads, d).transpose(1, 2).reshape(r, kv_heads, -1, d)
+        o = F.scaled_dot_product_attention(queries, keys, values, attn_mask=lay.mask, scale=scaling)
+        o = o.view(r, heads, k, d).transpose(1, 2).reshape(r * k, heads, d)[lay.slots]
+        if out is None:  # one layout: every row's first token, in packed order
+            return o[None], None
+        out[lay.tokens] = o
+    return out[None], None  # [1, M, H, d]
+
+
+AttentionInterface.register(PACKED, packed_attention)
+
+
+def packable(model: Any) -> bool:
+    """Whether ``model`` can be read packed: sdpa attention over full-attention layers only,
+    each with its layer index (the reserved cache's test, ``Reader._mask_kind``)."""
+    config = model.config
+    layer_types = getattr(config, "layer_types", None) or ["full_attention"]
+    return (
+        getattr(config, "_attn_implementation", None) == "sdpa"
+        and all(t == "full_attention" for t in layer_types)
+        and not getattr(config, "sliding_window", None)
+        and reserved(new_cache(model, capacity=1))
+    )
+
+
+class PackedReader(Reader):
+    """A model reading packed tokens into per-row caches (see the module).
+
+    ``prefill`` is ``Reader``'s; then ``feed`` reads any number of tokens per row, and
+    ``select`` keeps some rows.
+    """
+
+    def prefill(self, ids: Tensor, mask: Tensor, repeats: int, max_new_tokens: int) -> Tensor:
+        logits = super().prefill(ids, mask, repeats, max_new_tokens)
+        width = ids.shape[1]
+        capacity = width + max_new_tokens
+        self.storage = []
+        for layer in self.cache.layers:
+            pair = []
+            for t in (layer.keys, layer.values):
+                # zeros, not garbage: columns a row has not filled are hidden from it, but
+                # attention still weighs their values by 0, and 0 * NaN is NaN
+                s = t.new_zeros(t.shape[0], t.shape[1], capacity, t.shape[3])
+                s[:, :, :width] = t[:, :, :width]
+                pair.append(s)
+            self.storage.append(tuple(pair))
+        self.cache = None  # its keys now live in ``storage``
+        config = self.model.config
+        self._groups = config.num_attention_heads // config.num_key_value_heads
+        self._head_dim = self.storage[0][0].shape[-1]
+        rows = logits.shape[0]
+        lengths = mask.to(self.device).long().sum(1).repeat_interleave(repeats)  # [N]
+        self.first = width - lengths  # [N] each row's first visible column (left padding)
+        self.filled = torch.full((rows,), width, dtype=torch.long, device=self.device)  # [N]
+        return logits
+
+    def feed(self, rows: Tensor, tokens: Tensor, counts: Tensor) -> Tensor:
+        """Read ``counts[i]`` tokens for batch row ``rows[i]``, packed in ``tokens [M]`` row by
+        row; returns ``[M, V]`` float32 logits, each after its own token."""
+        dev = self.device
+        rows, tokens, counts = rows.to(dev), tokens.to(dev), counts.to(dev)
+        m, n = tokens.shape[0], self.filled.shape[0]
+        k = int(counts.max())
+        offsets = torch.arange(m, device=dev) - (counts.cumsum(0) - counts).repeat_interleave(
+            counts, output_size=m
+        )  # [M] each token's place in its row's block
+        token_rows = rows.repeat_interleave(counts, output_size=m)  # [M]
+        columns = self.filled[token_rows] + offsets
+        end = int((self.filled[rows] + counts).max())
+        self._room(end)
+        r = rows.shape[0]
+        local = torch.arange(r, device=dev).repeat_interleave(counts, output_size=m)  # [M]
+        # each row's first token, one query per row: over every batch row (the caches read in
+        # place) when at least half of them read, else over the reading rows (theirs gathered)
+        first = (offsets == 0).nonzero().squeeze(1)  # [r]
+        if 2 * r >= n:
+            layouts = [self._layout(None, first, token_rows[first], 0, 1, end)]
+        else:
+            layouts = [self._layout(rows, first, local[first], 0, 1, end)]
+        if k > 1:  # the rest of the few rows that read more (a change of pen), theirs gathered
+            more = counts > 1
+            rest = (offsets > 0).nonzero().squeeze(1)  # [M - r]
+            index = (more.long().cumsum(0) - 1)[local[rest]]  # [M - r] place among them
+            slots = index * (k - 1) + offsets[rest] - 1
+            layouts.append(self._layout(rows[more], rest, slots, 1, k - 1, end))
+        pack = Packing(self, token_rows, columns, layouts)
+        positions = self.position[token_rows] + offsets  # [M]
+        config = self.model.config
+        before = config._attn_implementation
+        config._attn_implementation = PACKED
+        try:
+            out = self.model(
+                input_ids=tokens[None],
+                attention_mask={"full_attention": pack},
+                position_ids=positions[None],
+                use_cache=False,
+            )
+        finally:
+            config._attn_implementation = before
+        self.filled[rows] += counts
+        self.position[rows] += counts
+        return out.logits[0].float()  # [M, V]
+
+    def _layout(
+        self, rows: Tensor | None, tokens: Tensor, slots: Tensor, skip: int, k: int, end: int
+    ) -> Layout:
+        """A ``Layout`` of packed ``tokens`` at ``slots`` of ``rows`` (None: all batch rows),
+        each row's queries being its tokens after its first ``skip``; the mask lets each see
+        its row's columns from the first visible one up to its own, among the first ``end``."""
+        first, filled = (
+            (self.first, self.filled) if rows is None else (self.first[rows], self.filled[rows])
+        )
+        seen = torch.arange(end, device=self.device)  # [C]
+        top = filled[:, None] + skip + torch.arange(k, device=self.device)  # [r, K]
+        seen = (seen >= first[:, None, None]) & (seen <= top[:, :, None])  # [r, K, C]
+        # additive (0 or -inf): sdpa adds it as it is, where a bool mask is converted per layer
+        dtype = self.storage[0][0].dtype
+        mask = torch.zeros(seen.shape, dtype=dtype, device=self.device)
+        mask.masked_fill_(~seen, float("-inf"))
+        g = self._groups
+        mask = mask[:, None].expand(-1, g, -1, -1).reshape(-1, 1, g * k, end)
+        config = self.model.config
+        queries = mask.new_zeros(mask.shape[0] * k, config.num_attention_heads, self._head_dim)
+        return Layout(rows, tokens, slots, k, mask, queries)
+
+    def _room(self, end: int) -> None:
+        """Grow every layer's storage (by doubling) until ``end`` columns fit."""
+        size = self.storage[0][0].shape[2]
+        if end <= size:
+            return
+        new = max(end, 2 * size)
+        grown = []
+        for pair in self.storage:
+            grown.append(
+                tuple(
+                    torch.cat([t, t.new_zeros(*t.shape[:2], new - size, t.shape[3])], dim=2)
+                    for t in pair
+                )
+            )
+        self.storage = grown
+
+    def select(self, keep: Tensor) -> None:
+        keep = keep.to(self.device)
+        self.first, self.filled = self.first[keep], self.filled[keep]
+        end = int(self.filled.max()) if keep.numel() else 0
+        # the kept rows' filled columns only: later reads grow the storage again as needed
+        self.storage = [
+            (self._kept(k, keep, end), self._kept(v, keep, end)) for k, v in self.storage
+        ]
+        self.position = self.position[keep]
+
+    @staticmethod
+    def _kept(t: Tensor, keep: Tensor, end: int) -> Tensor:
+        """Rows ``keep`` of storage ``t``, their first ``end`` columns copied, its room kept."""
+        out = t.new_zeros(keep.shape[0], *t.shape[1:])
+        out[:, :, :end] = t[keep, :, :end]
+        return out
+
+    def tidy(self) -> None:
+        """Nothing to tidy: a row's cache holds only what it read."""

@@ -444,10 +444,14 @@ class _CrossLoop:
         self._pass_words(spaced.nonzero().squeeze(1))
         self.author = torch.where(switch, winner, self.author)
         self.onset = torch.where(ready, switch, self.onset)
-        for i in switch.nonzero().squeeze(1).tolist():
+        changed = switch.nonzero().squeeze(1)
+        if changed.numel():
             # the new author's turn begins after the words it has just been given
-            row = int(self.rows[i])
-            self.sync[row] = self.length[int(winner[i])][row]
+            full = self.rows[changed]
+            mine = torch.where(
+                winner[changed] == SENIOR, self.length[SENIOR][full], self.length[JUNIOR][full]
+            )
+            self.sync[full] = mine
         self._emit(token, ready & ~switch)
 
     def _draw(self, m: _Model, rows: Tensor, uniforms: Tensor) -> Tensor:
@@ -533,13 +537,16 @@ class _CrossLoop:
             ids = self.out[writer.code]["tokens"][rows].tolist()
             chunks = [tuple(row_ids[a:b]) for row_ids, (a, b) in zip(ids, spans, strict=True)]
             encoded = self._translate(writer, reader, chunks)
-            for i, row, new in zip(picked, rows, encoded, strict=True):
-                if ends[i] and reader.eos.numel():
-                    new = [*new, int(reader.eos[0])]
-                self._append(reader.code, row, new, writer.code)
-                self.sync[row] = self.length[writer.code][row]
-                if reader.code == SENIOR:
-                    self.unread[row] = 0
+            if any(ends[i] for i in picked) and reader.eos.numel():
+                eos_id = int(reader.eos[0])
+                encoded = [
+                    [*x, eos_id] if ends[i] else x for i, x in zip(picked, encoded, strict=True)
+                ]
+            at = torch.tensor(rows, device=self.home)
+            self._append(reader.code, at, encoded, writer.code)
+            self.sync[at] = self.length[writer.code][at]
+            if reader.code == SENIOR:
+                self.unread[at] = 0
 
     def _translate(self, writer: _Model, reader: _Model, chunks: list[tuple[int, ...]]) -> list:
         """``reader``'s tokens of each of ``writer``'s token ``chunks`` (decoded, special tokens
@@ -553,16 +560,25 @@ class _CrossLoop:
             known.update(zip(new, encoded, strict=True))
         return [known[c] for c in chunks]
 
-    def _append(self, code: int, row: int, ids: list[int], author: int) -> None:
-        """Append ``ids`` (written by ``author``) to model ``code``'s sequence of ``row``."""
-        if not ids:
+    def _append(self, code: int, rows: Tensor, ids: list[list[int]], author: int) -> None:
+        """Append ``ids[i]`` (written by ``author``) to model ``code``'s sequence of rollout
+        row ``rows[i]`` (distinct rows)."""
+        home = self.home
+        sizes = torch.tensor([len(x) for x in ids], device=home)  # [r]
+        total = int(sizes.sum())
+        if total == 0:
             return
-        at = int(self.length[code][row])
-        self._ensure(code, at + len(ids))
+        start = self.length[code][rows]  # [r]
+        self._ensure(code, int((start + sizes).max()))
+        offsets = torch.arange(total, device=home) - (sizes.cumsum(0) - sizes).repeat_interleave(
+            sizes, output_size=total
+        )
+        r = rows.repeat_interleave(sizes, output_size=total)
+        c = start.repeat_interleave(sizes, output_size=total) + offsets
         seq = self.out[code]
-        seq["tokens"][row, at : at + len(ids)] = torch.tensor(ids, device=self.home)
-        seq["authors"][row, at : at + len(ids)] = author
-        self.length[code][row] = at + len(ids)
+        seq["tokens"][r, c] = torch.tensor([t for x in ids for t in x], device=home)
+        seq["authors"][r, c] = author
+        self.length[code][rows] = start + sizes
 
     def _emit(self, token: Tensor, emit: Tensor) -> None:
         """Append each emitting row's token to its author's sequence; stop rows that end."""

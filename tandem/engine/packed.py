@@ -50,7 +50,7 @@ class Layout:
         rows: ``[r]`` the batch rows laid out, or None for every batch row in order (the caches
             are then read in place rather than gathered; rows with nothing here get padded
             queries).
-        tokens: ``[Q]`` which packed tokens are laid out here.
+        tokens: ``[Q]`` which packed tokens are laid out here (None: all, in order).
         slots: ``[Q]`` their places in the ``[r, K]`` layout.
         width: ``K``.
         mask: ``[r, 1, groups * K, C]``, 0 where a query sees one of the first ``C`` columns and
@@ -59,7 +59,7 @@ class Layout:
     """
 
     rows: Tensor | None
-    tokens: Tensor
+    tokens: Tensor | None
     slots: Tensor
     width: int
     mask: Tensor
@@ -72,16 +72,15 @@ class Packing:
 
     Attributes:
         reader: the reader whose per-row caches the keys and values go to.
-        token_rows: ``[M]`` batch row of each packed token.
-        columns: ``[M]`` cache column each packed token's keys go to.
+        places: ``[M]`` where each packed token's keys and values go: row times capacity plus
+            column, in the storage seen as ``[N * capacity, H_kv * d]``.
         layouts: the queries' layouts: each row's first token, one per row, then the rest of
             the rows that read more (few, at a change of pen), so that a long read by a few
             rows does not pad every row's queries.
     """
 
     reader: PackedReader
-    token_rows: Tensor
-    columns: Tensor
+    places: Tensor
     layouts: list[Layout]
 
 
@@ -99,26 +98,28 @@ def packed_attention(
     ``query [1, H, M, d]``, ``key``/``value [1, H_kv, M, d]``; returns ``[1, M, H, d]``.
     """
     pack: Packing = attention_mask
-    stored_keys, stored_values = pack.reader.storage[module.layer_idx]  # [N, H_kv, capacity, d]
-    stored_keys[pack.token_rows, :, pack.columns] = key[0].transpose(0, 1)
-    stored_values[pack.token_rows, :, pack.columns] = value[0].transpose(0, 1)
+    stored_keys, stored_values = pack.reader.storage[module.layer_idx]  # [N, capacity, H_kv, d]
+    kv_heads = stored_keys.shape[2]
+    for stored, new in ((stored_keys, key), (stored_values, value)):
+        flat = stored.view(-1, kv_heads * stored.shape[3])  # [N * capacity, H_kv * d]
+        flat.index_copy_(0, pack.places, new[0].transpose(0, 1).reshape(-1, flat.shape[1]))
     heads, m, d = query.shape[1:]
-    kv_heads = stored_keys.shape[1]
     packed = query[0].transpose(0, 1)  # [M, H, d]
     out = None if len(pack.layouts) == 1 else packed.new_empty(m, heads, d)
     for lay in pack.layouts:
         c = lay.mask.shape[-1]
-        keys, values = stored_keys[:, :, :c], stored_values[:, :, :c]
+        keys, values = stored_keys[:, :c], stored_values[:, :c]
         if lay.rows is not None:
             keys, values = keys[lay.rows], values[lay.rows]
+        keys, values = keys.transpose(1, 2), values.transpose(1, 2)  # [r, H_kv, C, d]
         r, k = lay.mask.shape[0], lay.width
         queries = lay.queries  # its padded slots stay zero: every layer fills the same slots
-        queries[lay.slots] = packed[lay.tokens]
+        queries[lay.slots] = packed if lay.tokens is None else packed[lay.tokens]
         # [r, H, K, d] -> [r, H_kv, groups * K, d]: a key/value head's query heads side by side
         queries = queries.view(r, k, heads, d).transpose(1, 2).reshape(r, kv_heads, -1, d)
         o = F.scaled_dot_product_attention(queries, keys, values, attn_mask=lay.mask, scale=scaling)
         o = o.view(r, heads, k, d).transpose(1, 2).reshape(r * k, heads, d)[lay.slots]
-        if out is None:  # one layout: every row's first token, in packed order
+        if out is None:  # one layout: every packed token, in order
             return o[None], None
         out[lay.tokens] = o
     return out[None], None  # [1, M, H, d]
@@ -154,11 +155,11 @@ class PackedReader(Reader):
         self.storage = []
         for layer in self.cache.layers:
             pair = []
-            for t in (layer.keys, layer.values):
+            for t in (layer.keys, layer.values):  # [N, H_kv, width, d]
                 # zeros, not garbage: columns a row has not filled are hidden from it, but
                 # attention still weighs their values by 0, and 0 * NaN is NaN
-                s = t.new_zeros(t.shape[0], t.shape[1], capacity, t.shape[3])
-                s[:, :, :width] = t[:, :, :width]
+                s = t.new_zeros(t.shape[0], capacity, t.shape[1], t.shape[3])
+                s[:, :width] = t[:, :, :width].transpose(1, 2)
                 pair.append(s)
             self.storage.append(tuple(pair))
         self.cache = None  # its keys now live in ``storage``
@@ -190,17 +191,19 @@ class PackedReader(Reader):
         # each row's first token, one query per row: over every batch row (the caches read in
         # place) when at least half of them read, else over the reading rows (theirs gathered)
         first = (offsets == 0).nonzero().squeeze(1)  # [r]
+        every = None if k == 1 else first  # with one token a row, every token is a first one
         if 2 * r >= n:
-            layouts = [self._layout(None, first, token_rows[first], 0, 1, end)]
+            layouts = [self._layout(None, every, token_rows[first], 0, 1, end)]
         else:
-            layouts = [self._layout(rows, first, local[first], 0, 1, end)]
+            layouts = [self._layout(rows, every, local[first], 0, 1, end)]
         if k > 1:  # the rest of the few rows that read more (a change of pen), theirs gathered
             more = counts > 1
             rest = (offsets > 0).nonzero().squeeze(1)  # [M - r]
             index = (more.long().cumsum(0) - 1)[local[rest]]  # [M - r] place among them
             slots = index * (k - 1) + offsets[rest] - 1
             layouts.append(self._layout(rows[more], rest, slots, 1, k - 1, end))
-        pack = Packing(self, token_rows, columns, layouts)
+        places = token_rows * self.storage[0][0].shape[1] + columns
+        pack = Packing(self, places, layouts)
         positions = self.position[token_rows] + offsets  # [M]
         config = self.model.config
         before = config._attn_implementation
@@ -242,7 +245,7 @@ class PackedReader(Reader):
 
     def _room(self, end: int) -> None:
         """Grow every layer's storage (by doubling) until ``end`` columns fit."""
-        size = self.storage[0][0].shape[2]
+        size = self.storage[0][0].shape[1]
         if end <= size:
             return
         new = max(end, 2 * size)
@@ -250,7 +253,7 @@ class PackedReader(Reader):
         for pair in self.storage:
             grown.append(
                 tuple(
-                    torch.cat([t, t.new_zeros(*t.shape[:2], new - size, t.shape[3])], dim=2)
+                    torch.cat([t, t.new_zeros(t.shape[0], new - size, *t.shape[2:])], 1)
                     for t in pair
                 )
             )
@@ -270,7 +273,7 @@ class PackedReader(Reader):
     def _kept(t: Tensor, keep: Tensor, end: int) -> Tensor:
         """Rows ``keep`` of storage ``t``, their first ``end`` columns copied, its room kept."""
         out = t.new_zeros(keep.shape[0], *t.shape[1:])
-        out[:, :, :end] = t[keep, :, :end]
+        out[:, :end] = t[keep, :end]
         return out
 
     def tidy(self) -> None:

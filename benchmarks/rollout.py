@@ -10,11 +10,11 @@ prefill included) of:
   both models is what can lift it;
 - ``asymmetric`` (tiny world only): the same schedule with ``tiny-bpe-small``, a smaller junior
   with a vocabulary of its own, through the cross-vocabulary engine (``tandem.engine.cross``):
-  the junior's words are re-tokenized and read by the senior a token a step, and a change of pen
-  waits for the new author to read the last word. Its rate counts the senior's tokens, as
-  ``tandem``'s does; its rows may stop a few tokens short of the full length (text the senior
-  has not read is counted at a token per byte against the budget), so it is checked to write at
-  least 90% of the full count rather than all of it.
+  the junior's words are re-tokenized, and each model reads a row's new words, packed, when it
+  is to write there; the junior takes about 1.4 tokens per word of the base's. Its rate counts
+  the senior's tokens, as ``tandem``'s does; its rows may stop a few tokens short of the full
+  length (text the senior has not read is counted at a token per byte against the budget), so
+  it is checked to write at least 90% of the full count rather than all of it.
 
 and the ratios ``solo_vs_hf``, ``tandem_vs_solo`` and ``asymmetric_vs_tandem`` (target 0.7).
 Models: the tiny world's, and a Qwen3-shaped random model with Qwen3's full 151,936-wide

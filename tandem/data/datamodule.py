@@ -21,7 +21,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from tandem.data.prompts import INSTRUCTION, format_prompt
+from tandem.data.prompts import INSTRUCTION, format_prompt, prompt_ids
 from tandem.errors import ConfigError
 from tandem.registry import DATASETS
 
@@ -40,9 +40,17 @@ class PromptBatch:
     prompt_ids: list[list[int]]
     # position in the training stream (-1 for validation batches)
     index: int = -1
+    # how ``prompt_ids`` were formatted: a junior of another family gets the same prompts in
+    # its own chat format (``prompt_ids_for``)
+    instruction: str = INSTRUCTION
+    separator: str = "\n"
 
     def __len__(self) -> int:
         return len(self.problems)
+
+    def prompt_ids_for(self, tokenizer: Any) -> list[list[int]]:
+        """The problems formatted with ``tokenizer``'s own chat template, as these were."""
+        return prompt_ids(tokenizer, self.problems, self.instruction, self.separator)
 
     def repeat(self, group_size: int) -> PromptBatch:
         """Each prompt ``group_size`` times in a row: rows of a group stay adjacent."""
@@ -52,6 +60,8 @@ class PromptBatch:
                 for items in (self.problems, self.answers, self.prompt_ids)
             ),
             index=self.index,
+            instruction=self.instruction,
+            separator=self.separator,
         )
 
 
@@ -240,6 +250,8 @@ class PromptDataModule(L.LightningDataModule):
             [s["answers"][i] for i in indices],
             [s["ids"][i] for i in indices],
             index,
+            self.instruction,
+            self.separator,
         )
 
     def train_dataloader(self) -> DataLoader:

@@ -88,9 +88,11 @@ class TorchBackend:
         *,
         junior: bool | None = None,
         lockstep: Lockstep | None = None,
+        junior_prompts: Sequence[Sequence[int]] | None = None,
     ) -> Rollouts:
         """Rollouts; the junior reads along when ``junior`` (None: when the sampler needs it).
-        ``lockstep``: the senior is sharded layer by layer (``tandem.engine.generate``)."""
+        ``lockstep``: the senior is sharded layer by layer; ``junior_prompts``: a junior of
+        another vocabulary's own prompts (``tandem.engine.generate``)."""
         use = junior if junior is not None else not getattr(sampler, "solo", True)
         model = self.junior if use else None
         return generate(
@@ -101,6 +103,7 @@ class TorchBackend:
             params,
             tokenizer=self.tokenizer,
             junior_tokenizer=self.junior_tokenizer,
+            junior_prompts=junior_prompts,
             lockstep=lockstep,
         )
 

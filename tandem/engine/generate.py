@@ -76,6 +76,7 @@ def generate(
     *,
     tokenizer: Any = None,
     junior_tokenizer: Any = None,
+    junior_prompts: Sequence[Sequence[int]] | None = None,
     lockstep: Lockstep | None = None,
 ) -> Rollouts:
     """Generate ``len(prompts) * params.samples_per_prompt`` rollouts written by two models.
@@ -90,6 +91,8 @@ def generate(
         tokenizer: decodes ``Rollouts.texts`` and supplies the pad id; optional.
         junior_tokenizer: the junior's, when it may differ from ``tokenizer``: a junior of
             another vocabulary writes with the word sampler through ``tandem.engine.cross``.
+        junior_prompts: for such a junior, the prompts in its own ids and chat format
+            (``PromptBatch.prompt_ids_for``); None re-tokenizes the senior's prompt text.
         lockstep: for a senior whose forward is a collective: every process then makes as
             many senior forwards (``tandem.engine.base.Lockstep``); ``None`` for one process.
 
@@ -110,7 +113,9 @@ def generate(
                 "layer (trainer.strategy.rollout_gather=per_layer): the cross engine does not "
                 "step processes in lockstep. Set trainer.strategy.rollout_gather=whole."
             )
-        return _cross(senior, junior, prompts, sampler, params, tokenizer, junior_tokenizer)
+        return _cross(
+            senior, junior, prompts, sampler, params, tokenizer, junior_tokenizer, junior_prompts
+        )
     eos = _eos_ids(senior, params)
     pad = _pad_id(senior, tokenizer, eos)
     ids, mask = _left_pad(prompts, pad)
@@ -126,7 +131,9 @@ def generate(
     return Rollouts(**out, pad_token_id=pad, texts=texts)
 
 
-def _cross(senior, junior, prompts, sampler, params, tokenizer, junior_tokenizer) -> Rollouts:
+def _cross(
+    senior, junior, prompts, sampler, params, tokenizer, junior_tokenizer, junior_prompts
+) -> Rollouts:
     """A junior of another vocabulary: the word schedule on text (``tandem.engine.cross``)."""
     if not isinstance(sampler, WordSampler) or tokenizer is None:
         raise ValueError(
@@ -144,6 +151,7 @@ def _cross(senior, junior, prompts, sampler, params, tokenizer, junior_tokenizer
         params,
         tokenizer=tokenizer,
         junior_tokenizer=junior_tokenizer,
+        junior_prompts=junior_prompts,
     )
 
 

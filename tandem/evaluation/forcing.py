@@ -95,17 +95,18 @@ def forced_chunks(
 def junior_logprobs(
     junior: torch.nn.Module,
     junior_tokenizer: Any,
-    prompts: Sequence[str],
+    prompts: Sequence[Sequence[int]],
     responses: Sequence[str],
     batch_size: int,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """The junior's log-prob of each of its own tokens of ``responses`` after ``prompts``.
+    """The junior's log-prob of each of its own tokens of ``responses`` after ``prompts`` (in
+    its own ids and chat format).
 
     Returns:
         ``logprobs [N, T']``, the junior's response ids ``[N, T']`` and their mask ``[N, T']``.
     """
     enc = lambda texts: junior_tokenizer(list(texts), add_special_tokens=False)["input_ids"]  # noqa: E731
-    p_ids, r_ids = enc(prompts), enc(responses)
+    p_ids, r_ids = [list(p) for p in prompts], enc(responses)
     prompt_tokens, prompt_mask = _pad(p_ids, left=True)  # [N, P']
     tokens, mask = _pad(r_ids, left=False)  # [N, T']
     out = torch.zeros(tokens.shape)

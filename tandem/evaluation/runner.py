@@ -147,11 +147,17 @@ class Evaluator:
             idx = list(range(lo, min(lo + per_call, len(problems))))
             params = eval_set.params(self.seed + 10_007 * b + MODES.index(mode))
             prompts = [problems.prompt_ids[i] for i in idx]
-            rollouts = self.backend.generate(prompts, sampler, params, junior=mode != "solo")
+            # a junior of another family reads the prompts in its own chat format
+            own = problems.prompt_ids_for(self.junior_tokenizer, idx) if self.cross else None
+            extra = {"junior_prompts": own} if own is not None and mode != "solo" else {}
+            rollouts = self.backend.generate(
+                prompts, sampler, params, junior=mode != "solo", **extra
+            )
+            own_rows = None if own is None else [x for x in own for _ in range(n)]
             golds = [problems.answers[i] for i in idx for _ in range(n)]
             verdicts = self.verify(rollouts.texts, golds)
             scores = torch.tensor([v.score for v in verdicts])  # [B*n]
-            extra = self.update(metrics, rollouts, scores.view(len(idx), n))
+            extra = self.update(metrics, rollouts, scores.view(len(idx), n), own_rows)
             if self.writer is not None:
                 context = {
                     "set": eval_set.name,
@@ -205,23 +211,29 @@ class Evaluator:
         return SAMPLERS.build(spec.pop("name"), tokenizer=self.tokenizer, **spec)
 
     def update(
-        self, metrics: dict[str, Metric], rollouts: Rollouts, scores: Tensor
+        self,
+        metrics: dict[str, Metric],
+        rollouts: Rollouts,
+        scores: Tensor,
+        junior_prompts: list[list[int]] | None = None,
     ) -> dict[str, Tensor]:
         """Feed one batch (``scores [B, n]``) to the metrics; returns per-token values for its
-        records."""
+        records. ``junior_prompts``: each row's prompt in a junior of another family's own ids."""
         metrics["pass"].update(scores > 0.5)  # [B, n]
         metrics["response_length"].update(rollouts.lengths.float().cpu())
         metrics["truncated"].update((rollouts.stop_reasons == StopReason.LENGTH).float().cpu())
         configured = {k: metrics[k] for k in self.configured}
         measure(configured, authors=rollouts.authors.cpu(), rewards=scores.flatten().float())
         if "drift/kl" in metrics:
-            return self.force(metrics, rollouts)
+            return self.force(metrics, rollouts, junior_prompts)
         return {}
 
-    def force(self, metrics: dict[str, Metric], rollouts: Rollouts) -> dict[str, Tensor]:
+    def force(
+        self, metrics: dict[str, Metric], rollouts: Rollouts, junior_prompts: Any = None
+    ) -> dict[str, Tensor]:
         """Drift and legibility on a solo batch by teacher forcing both models."""
         if self.cross:
-            return self.force_cross(metrics, rollouts)
+            return self.force_cross(metrics, rollouts, junior_prompts)
         p = rollouts.prompt_tokens.shape[1]
         prompt_mask = torch.arange(p) >= (p - rollouts.prompt_lengths.cpu())[:, None]  # [N, P]
         shape = rollouts.tokens.shape
@@ -258,9 +270,12 @@ class Evaluator:
                 per_token[k][chunk.rows, :t] = torch.where(mask, v.cpu(), 0.0)
         return per_token
 
-    def force_cross(self, metrics: dict[str, Metric], rollouts: Rollouts) -> dict[str, Tensor]:
+    def force_cross(
+        self, metrics: dict[str, Metric], rollouts: Rollouts, junior_prompts: list[list[int]]
+    ) -> dict[str, Tensor]:
         """Drift against the senior's base on its own tokens; the junior's legibility per byte
-        on its own tokens of the same text (a junior of another vocabulary)."""
+        on its own tokens of the same text, after ``junior_prompts`` (a junior of another
+        vocabulary, reading the prompts in its own chat format)."""
         p = rollouts.prompt_tokens.shape[1]
         prompt_mask = torch.arange(p) >= (p - rollouts.prompt_lengths.cpu())[:, None]  # [N, P]
         kl = torch.zeros(rollouts.tokens.shape)
@@ -275,12 +290,12 @@ class Evaluator:
             kl[chunk.rows, : chunk.tokens.shape[1]] = torch.where(
                 mask, kl_divergence(s, b).cpu(), 0.0
             )
-        prompts = [
-            self.tokenizer.decode(row[m].tolist())
-            for row, m in zip(rollouts.prompt_tokens.cpu(), prompt_mask, strict=True)
-        ]
         lps, tokens, mask = junior_logprobs(
-            self.junior, self.junior_tokenizer, prompts, rollouts.texts, self.forcing_batch_size
+            self.junior,
+            self.junior_tokenizer,
+            junior_prompts,
+            rollouts.texts,
+            self.forcing_batch_size,
         )
         sizes = byte_table(self.junior_tokenizer, int(tokens.max()) + 1)[tokens]  # [N, T']
         metrics["legibility/junior_ce_per_byte"].update(lps, sizes, mask)

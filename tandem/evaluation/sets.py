@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tandem.data.prompts import INSTRUCTION, format_prompt
+from tandem.data.prompts import INSTRUCTION, prompt_ids
 from tandem.data.sources import SourceReport
 from tandem.engine import SamplingParams
 from tandem.registry import DATASETS
@@ -103,9 +103,18 @@ class Problems:
     answers: list[str]
     prompt_ids: list[list[int]]
     report: SourceReport = field(default_factory=lambda: SourceReport("?", 0))
+    # how ``prompt_ids`` were formatted: a junior of another family gets the same prompts in
+    # its own chat format (``prompt_ids_for``)
+    instruction: str = INSTRUCTION
+    separator: str = "\n"
 
     def __len__(self) -> int:
         return len(self.problems)
+
+    def prompt_ids_for(self, tokenizer: Any, rows: Sequence[int]) -> list[list[int]]:
+        """Problems ``rows`` formatted with ``tokenizer``'s own chat template, as these were."""
+        problems = [self.problems[i] for i in rows]
+        return prompt_ids(tokenizer, problems, self.instruction, self.separator)
 
 
 def build_sets(spec: dict[str, dict[str, Any]]) -> list[EvalSet]:
@@ -127,13 +136,5 @@ def load_problems(eval_set: EvalSet, tokenizer: Any) -> Problems:
             f"eval set {eval_set.name!r} has no usable problems ({report}). Check its source, "
             "split and column names."
         )
-    ids = tokenize(tokenizer, problems, eval_set.instruction, eval_set.separator)
-    return Problems(problems, answers, ids, report)
-
-
-def tokenize(
-    tokenizer: Any, problems: Sequence[str], instruction: str, separator: str = "\n"
-) -> list[list[int]]:
-    """Chat-formatted prompt ids, exactly as training formats them."""
-    texts = [format_prompt(tokenizer, p, instruction, separator) for p in problems]
-    return tokenizer(texts, add_special_tokens=False)["input_ids"]
+    ids = prompt_ids(tokenizer, problems, eval_set.instruction, eval_set.separator)
+    return Problems(problems, answers, ids, report, eval_set.instruction, eval_set.separator)

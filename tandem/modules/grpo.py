@@ -232,11 +232,19 @@ class TandemGRPO(L.LightningModule):
         reads = not sampler.solo or (self.training and self.loss_cfg.kl_beta > 0)
         if not isinstance(self.backend, TorchBackend):  # vLLM gathers its own copy in sync
             return self.backend.generate(batch.prompt_ids, sampler, params, junior=reads)
+        # a junior of another family reads the prompts in its own chat format
+        cross = reads and self.junior_tokenizer is not None
+        junior_prompts = batch.prompt_ids_for(self.junior_tokenizer) if cross else None
         # the torch engine samples from the trainer's senior: sharded, it is gathered whole once
         # for the rollout, or layer by layer at every token with the ranks in lockstep
         with gathered(self.senior, self.rollout_gather) as lockstep:
             return self.backend.generate(
-                batch.prompt_ids, sampler, params, junior=reads, lockstep=lockstep
+                batch.prompt_ids,
+                sampler,
+                params,
+                junior=reads,
+                lockstep=lockstep,
+                junior_prompts=junior_prompts,
             )
 
     @property

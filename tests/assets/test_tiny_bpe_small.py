@@ -9,7 +9,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from tandem.assets import TINY_BPE_SMALL, TINY_WORLD, resolve
-from tandem.assets.build_junior import RECIPE
+from tandem.assets.build_junior import RECIPE, build
 from tandem.assets.tokenizer import train_tokenizer
 from tandem.data.arithmetic import make_splits
 from tandem.data.prompts import format_prompt, user_message
@@ -54,3 +54,18 @@ def test_it_writes_the_tasks_words() -> None:
     text = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
     # a worked solution's shape: words, numbers, an operation
     assert any(op in text for op in ("+", "-", "*")) and "=" in text, text
+
+
+def test_rebuild_is_deterministic_and_trains_the_committed_tokenizer(tmp_path) -> None:
+    """Two short builds give the same tokenizer and the same weights tensor for tensor, and the
+    tokenizer (which the number of steps does not touch) is the committed one."""
+    recipe = {**RECIPE, "steps": 2, "batch_size": 4, "warmup_steps": 1, "eval_problems": 2}
+    states, vocabs = [], []
+    for name in ("a", "b"):
+        build(tmp_path / name, recipe)
+        states.append(AutoModelForCausalLM.from_pretrained(tmp_path / name).state_dict())
+        vocabs.append(AutoTokenizer.from_pretrained(tmp_path / name).get_vocab())
+    assert vocabs[0] == vocabs[1] == AutoTokenizer.from_pretrained(TINY_BPE_SMALL).get_vocab()
+    assert states[0].keys() == states[1].keys()
+    for k in states[0]:
+        assert torch.equal(states[0][k], states[1][k]), k

@@ -176,3 +176,37 @@ def test_the_junior_is_teacher_forced_after_its_own_prompts(junior_of_another_fo
     assert other != own
     lps_other, _, _ = junior_logprobs(model, tok, other, responses, batch_size=4)
     assert not torch.allclose(lps_other[0][mask[0]], lps[0][mask[0]])
+
+
+def test_a_junior_with_no_chat_template_reads_the_seniors_prompt_text(tmp_path: Path) -> None:
+    """A base model of another family has no chat template: it is said once, and the pair
+    writes with the senior's prompt text re-tokenized."""
+    from transformers import AutoTokenizer
+
+    from tandem.data.datamodule import PromptBatch
+
+    folder = tmp_path / "junior"
+    shutil.copytree(TINY_BPE_SMALL, folder)
+    (folder / "chat_template.jinja").unlink()
+    tok = AutoTokenizer.from_pretrained(folder)
+    assert not tok.chat_template
+    batch = PromptBatch(["Ana has 3 pens."], ["3"], [[1, 2, 3]])
+    assert batch.prompt_ids_for(tok) is None
+    own = PromptBatch(["Ana has 3 pens."], ["3"], [[1, 2, 3]], separator=" ")
+    with_template = AutoTokenizer.from_pretrained(TINY_BPE_SMALL)
+    text = with_template.decode(own.prompt_ids_for(with_template)[0])
+    assert "Ana has 3 pens. Put the final answer" in text, "the batch's separator is kept"
+    cfg = compose_config(
+        "evaluate",
+        f"junior={folder}",
+        "sampler=word",
+        "eval.tiny.limit=2",
+        "eval.tiny.n=2",
+        "eval.tiny.ks=[1,2]",
+        "eval.tiny.max_new_tokens=24",
+        "aim=false",
+        "progress=false",
+        f"output_dir={tmp_path / 'eval'}",
+    )
+    table = evaluate(cfg)["sets"]["tiny"]
+    assert 0.0 < table["legibility/junior_ce_per_byte"] < 5.0

@@ -21,7 +21,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from tandem.data.prompts import INSTRUCTION, format_prompt, prompt_ids
+from tandem.data.prompts import INSTRUCTION, format_prompt, junior_prompt_ids
 from tandem.errors import ConfigError
 from tandem.registry import DATASETS
 
@@ -48,9 +48,10 @@ class PromptBatch:
     def __len__(self) -> int:
         return len(self.problems)
 
-    def prompt_ids_for(self, tokenizer: Any) -> list[list[int]]:
-        """The problems formatted with ``tokenizer``'s own chat template, as these were."""
-        return prompt_ids(tokenizer, self.problems, self.instruction, self.separator)
+    def prompt_ids_for(self, tokenizer: Any) -> list[list[int]] | None:
+        """The problems formatted with a junior's tokenizer's own chat template, as these were
+        (None if it has none: ``junior_prompt_ids``)."""
+        return junior_prompt_ids(tokenizer, self.problems, self.instruction, self.separator)
 
     def repeat(self, group_size: int) -> PromptBatch:
         """Each prompt ``group_size`` times in a row: rows of a group stay adjacent."""

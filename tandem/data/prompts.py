@@ -6,8 +6,11 @@ What this file leaves out: batching (the data module) and the engine.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 INSTRUCTION = "Put the final answer in \\boxed{}."
 
@@ -33,3 +36,25 @@ def prompt_ids(
     a model of that tokenizer reads, the senior or a junior of another family alike."""
     texts = [format_prompt(tokenizer, p, instruction, separator) for p in problems]
     return tokenizer(texts, add_special_tokens=False)["input_ids"]
+
+
+_told: set[str] = set()
+
+
+def junior_prompt_ids(
+    tokenizer: Any, problems: Sequence[str], instruction: str, separator: str
+) -> list[list[int]] | None:
+    """``prompt_ids`` for a junior of another family, or None if its tokenizer has no chat
+    template (a base model): the engine then re-tokenizes the senior's prompt text, said once."""
+    if getattr(tokenizer, "chat_template", None):
+        return prompt_ids(tokenizer, problems, instruction, separator)
+    name = getattr(tokenizer, "name_or_path", "?")
+    if name not in _told:
+        _told.add(name)
+        log.warning(
+            "the junior's tokenizer (%s) has no chat template: it reads the prompts as the "
+            "senior's chat-formatted text, re-tokenized. Give it a chat template "
+            "(tokenizer.chat_template) if it was tuned on one.",
+            name,
+        )
+    return None

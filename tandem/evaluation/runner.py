@@ -271,7 +271,10 @@ class Evaluator:
         return per_token
 
     def force_cross(
-        self, metrics: dict[str, Metric], rollouts: Rollouts, junior_prompts: list[list[int]]
+        self,
+        metrics: dict[str, Metric],
+        rollouts: Rollouts,
+        junior_prompts: list[list[int]] | None,
     ) -> dict[str, Tensor]:
         """Drift against the senior's base on its own tokens; the junior's legibility per byte
         on its own tokens of the same text, after ``junior_prompts`` (a junior of another
@@ -290,6 +293,12 @@ class Evaluator:
             kl[chunk.rows, : chunk.tokens.shape[1]] = torch.where(
                 mask, kl_divergence(s, b).cpu(), 0.0
             )
+        if junior_prompts is None:  # a junior with no chat template: the senior's prompt text
+            texts = [
+                self.tokenizer.decode(row[m].tolist())
+                for row, m in zip(rollouts.prompt_tokens.cpu(), prompt_mask, strict=True)
+            ]
+            junior_prompts = self.junior_tokenizer(texts, add_special_tokens=False)["input_ids"]
         lps, tokens, mask = junior_logprobs(
             self.junior,
             self.junior_tokenizer,

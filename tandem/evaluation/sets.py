@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tandem.data.prompts import INSTRUCTION, prompt_ids
+from tandem.data.prompts import INSTRUCTION, junior_prompt_ids, prompt_ids
 from tandem.data.sources import SourceReport
 from tandem.engine import SamplingParams
 from tandem.registry import DATASETS
@@ -111,10 +111,11 @@ class Problems:
     def __len__(self) -> int:
         return len(self.problems)
 
-    def prompt_ids_for(self, tokenizer: Any, rows: Sequence[int]) -> list[list[int]]:
-        """Problems ``rows`` formatted with ``tokenizer``'s own chat template, as these were."""
+    def prompt_ids_for(self, tokenizer: Any, rows: Sequence[int]) -> list[list[int]] | None:
+        """Problems ``rows`` formatted with a junior's tokenizer's own chat template, as these
+        were (None if it has none: ``junior_prompt_ids``)."""
         problems = [self.problems[i] for i in rows]
-        return prompt_ids(tokenizer, problems, self.instruction, self.separator)
+        return junior_prompt_ids(tokenizer, problems, self.instruction, self.separator)
 
 
 def build_sets(spec: dict[str, dict[str, Any]]) -> list[EvalSet]:

@@ -3,8 +3,9 @@
 
 What is checked: the shared text is each model's decoded sequence; both models' recorded
 log-probs are what teacher forcing on their own sequences gives; cutting the text before a space
-tokenizes it as a whole; words change hands as often as the coin says; a block read equals reading
-token by token; and pairs that cannot share words are refused with a message that says why.
+tokenizes it as a whole; words change hands as often as the coin says; a packed read and a block
+read each equal reading token by token, and models read in blocks write the same rollouts; and
+pairs that cannot share words are refused with a message that says why.
 """
 
 from __future__ import annotations

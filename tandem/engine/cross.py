@@ -271,6 +271,7 @@ class _BlockReader(Reader):
         """``PackedReader.feed``'s contract: ``counts[i]`` tokens for batch row ``rows[i]``,
         packed in ``tokens [M]``; ``[M, V]`` logits, each after its own token."""
         n, m = self.position.shape[0], tokens.shape[0]
+        rows, counts = rows.cpu(), counts.cpu()  # the block is built on the host
         offsets = torch.arange(m) - (counts.cumsum(0) - counts).repeat_interleave(counts)
         at = rows.repeat_interleave(counts)  # [M] batch row of each token
         block = torch.zeros(n, int(counts.max()), dtype=torch.long)

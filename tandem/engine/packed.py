@@ -5,8 +5,9 @@ last token, another's a word the other author has just finished, a third's nothi
 forward over a right-padded ``[rows, K]`` block pays for every padded slot in every layer, and
 a cache that grows by K columns for every row. Here the tokens that are really read are packed
 into one sequence ``[1, M]``: the projections and MLPs see only them, and each row's keys and
-values go to its own next free columns of a per-row cache (``[N, H_kv, capacity, d]`` a layer),
-so the cache grows with what each row has read, not with the steps.
+values go to its own next free columns of a per-row cache (``[N, capacity, H_kv, d]`` a layer,
+so that one token's keys are one row of it), so the cache grows with what each row has read, not
+with the steps.
 
 Attention is the one part that needs rows. An attention function registered with transformers'
 ``AttentionInterface`` (``tandem_packed``), selected for the duration of each packed forward,
@@ -129,8 +130,8 @@ AttentionInterface.register(PACKED, packed_attention)
 
 
 def packable(model: Any) -> bool:
-    """Whether ``model`` can be read packed: sdpa attention over full-attention layers only,
-    each with its layer index (the reserved cache's test, ``Reader._mask_kind``)."""
+    """Whether ``model`` can be read packed: sdpa attention, every layer full attention (no
+    sliding window), and a cache the reader can reserve (``tandem.engine.cache``)."""
     config = model.config
     layer_types = getattr(config, "layer_types", None) or ["full_attention"]
     return (
@@ -163,9 +164,9 @@ class PackedReader(Reader):
                 pair.append(s)
             self.storage.append(tuple(pair))
         self.cache = None  # its keys now live in ``storage``
-        config = self.model.config
-        self._groups = config.num_attention_heads // config.num_key_value_heads
-        self._head_dim = self.storage[0][0].shape[-1]
+        self._heads = self.model.config.num_attention_heads
+        self._groups = self._heads // self.storage[0][0].shape[2]  # query heads per key head
+        self._head_dim = self.storage[0][0].shape[3]
         rows = logits.shape[0]
         lengths = mask.to(self.device).long().sum(1).repeat_interleave(repeats)  # [N]
         self.first = width - lengths  # [N] each row's first visible column (left padding)
@@ -190,12 +191,12 @@ class PackedReader(Reader):
         local = torch.arange(r, device=dev).repeat_interleave(counts, output_size=m)  # [M]
         # each row's first token, one query per row: over every batch row (the caches read in
         # place) when at least half of them read, else over the reading rows (theirs gathered)
-        first = (offsets == 0).nonzero().squeeze(1)  # [r]
-        every = None if k == 1 else first  # with one token a row, every token is a first one
+        leading = (offsets == 0).nonzero().squeeze(1)  # [r]
+        every = None if k == 1 else leading  # with one token a row, every token leads its row
         if 2 * r >= n:
-            layouts = [self._layout(None, every, token_rows[first], 0, 1, end)]
+            layouts = [self._layout(None, every, token_rows[leading], 0, 1, end)]
         else:
-            layouts = [self._layout(rows, every, local[first], 0, 1, end)]
+            layouts = [self._layout(rows, every, local[leading], 0, 1, end)]
         if k > 1:  # the rest of the few rows that read more (a change of pen), theirs gathered
             more = counts > 1
             rest = (offsets > 0).nonzero().squeeze(1)  # [M - r]
@@ -222,7 +223,13 @@ class PackedReader(Reader):
         return out.logits[0].float()  # [M, V]
 
     def _layout(
-        self, rows: Tensor | None, tokens: Tensor, slots: Tensor, skip: int, k: int, end: int
+        self,
+        rows: Tensor | None,
+        tokens: Tensor | None,
+        slots: Tensor,
+        skip: int,
+        k: int,
+        end: int,
     ) -> Layout:
         """A ``Layout`` of packed ``tokens`` at ``slots`` of ``rows`` (None: all batch rows),
         each row's queries being its tokens after its first ``skip``; the mask lets each see
@@ -239,8 +246,7 @@ class PackedReader(Reader):
         mask.masked_fill_(~seen, float("-inf"))
         g = self._groups
         mask = mask[:, None].expand(-1, g, -1, -1).reshape(-1, 1, g * k, end)
-        config = self.model.config
-        queries = mask.new_zeros(mask.shape[0] * k, config.num_attention_heads, self._head_dim)
+        queries = mask.new_zeros(mask.shape[0] * k, self._heads, self._head_dim)
         return Layout(rows, tokens, slots, k, mask, queries)
 
     def _room(self, end: int) -> None:
@@ -263,7 +269,7 @@ class PackedReader(Reader):
         keep = keep.to(self.device)
         self.first, self.filled = self.first[keep], self.filled[keep]
         end = int(self.filled.max()) if keep.numel() else 0
-        # the kept rows' filled columns only: later reads grow the storage again as needed
+        # the kept rows' filled columns are copied; the room after them stays (zeros)
         self.storage = [
             (self._kept(k, keep, end), self._kept(v, keep, end)) for k, v in self.storage
         ]

@@ -56,7 +56,10 @@ class Layout:
         width: ``K``.
         mask: ``[r, 1, groups * K, C]``, 0 where a query sees one of the first ``C`` columns and
             -inf where it does not, repeated for the query heads that share a key/value head.
-        queries: ``[r * K, H, d]`` zeros, the queries' buffer (each layer fills the slots).
+        queries: ``[r, H_kv, groups * K, d]`` zeros, the queries' buffer.
+        places: ``[Q * H]`` where each laid-out token's heads go in the buffer seen as
+            ``[r * H * K, d]`` (query head ``h`` of the token in slot ``i * K + j``: row ``i``,
+            then ``h`` as key/value head and group, then ``j``).
     """
 
     rows: Tensor | None
@@ -65,6 +68,7 @@ class Layout:
     width: int
     mask: Tensor
     queries: Tensor
+    places: Tensor
 
 
 @dataclass
@@ -113,13 +117,14 @@ def packed_attention(
         if lay.rows is not None:
             keys, values = keys[lay.rows], values[lay.rows]
         keys, values = keys.transpose(1, 2), values.transpose(1, 2)  # [r, H_kv, C, d]
-        r, k = lay.mask.shape[0], lay.width
-        queries = lay.queries  # its padded slots stay zero: every layer fills the same slots
-        queries[lay.slots] = packed if lay.tokens is None else packed[lay.tokens]
-        # [r, H, K, d] -> [r, H_kv, groups * K, d]: a key/value head's query heads side by side
-        queries = queries.view(r, k, heads, d).transpose(1, 2).reshape(r, kv_heads, -1, d)
-        o = F.scaled_dot_product_attention(queries, keys, values, attn_mask=lay.mask, scale=scaling)
-        o = o.view(r, heads, k, d).transpose(1, 2).reshape(r * k, heads, d)[lay.slots]
+        mine = packed if lay.tokens is None else packed[lay.tokens]  # [Q, H, d]
+        # the queries' buffer, [r, H_kv, groups * K, d] (a key/value head's query heads side by
+        # side): its padded slots stay zero, as every layer fills the same places
+        lay.queries.view(-1, d).index_copy_(0, lay.places, mine.reshape(-1, d))
+        o = F.scaled_dot_product_attention(
+            lay.queries, keys, values, attn_mask=lay.mask, scale=scaling
+        )
+        o = o.reshape(-1, d).index_select(0, lay.places).view(-1, heads, d)  # [Q, H, d]
         if out is None:  # one layout: every packed token, in order
             return o[None], None
         out[lay.tokens] = o
@@ -246,8 +251,11 @@ class PackedReader(Reader):
         mask.masked_fill_(~seen, float("-inf"))
         g = self._groups
         mask = mask[:, None].expand(-1, g, -1, -1).reshape(-1, 1, g * k, end)
-        queries = mask.new_zeros(mask.shape[0] * k, self._heads, self._head_dim)
-        return Layout(rows, tokens, slots, k, mask, queries)
+        h = self._heads
+        queries = mask.new_zeros(mask.shape[0], h // g, g * k, self._head_dim)
+        heads = torch.arange(h, device=self.device)
+        places = ((slots // k) * h * k + slots % k)[:, None] + heads[None] * k  # [Q, H]
+        return Layout(rows, tokens, slots, k, mask, queries, places.flatten())
 
     def _room(self, end: int) -> None:
         """Grow every layer's storage (by doubling) until ``end`` columns fit."""

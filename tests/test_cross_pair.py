@@ -103,6 +103,23 @@ def junior_of_another_format(tmp_path: Path) -> Path:
     return folder
 
 
+def evaluate_briefly(junior: Path, out: Path) -> dict:
+    """The tiny base evaluated with ``junior`` on two problems, two samples each: its table."""
+    cfg = compose_config(
+        "evaluate",
+        f"junior={junior}",
+        "sampler=word",
+        "eval.tiny.limit=2",
+        "eval.tiny.n=2",
+        "eval.tiny.ks=[1,2]",
+        "eval.tiny.max_new_tokens=24",
+        "aim=false",
+        "progress=false",
+        f"output_dir={out}",
+    )
+    return evaluate(cfg)["sets"]["tiny"]
+
+
 def spy_on_junior_prompts(monkeypatch) -> list[str]:
     """The junior's prompts, decoded, of every cross-vocabulary rollout."""
     seen: list[str] = []
@@ -137,19 +154,7 @@ def test_a_junior_reads_the_prompts_in_its_own_chat_format(
     assert seen and all(p.startswith("### user:\n") for p in seen), seen[:1]
     assert all(p.endswith("\n### assistant:\n") and "<|im_start|>" not in p for p in seen)
     seen.clear()
-    cfg = compose_config(
-        "evaluate",
-        f"junior={junior_of_another_format}",
-        "sampler=word",
-        "eval.tiny.limit=2",
-        "eval.tiny.n=2",
-        "eval.tiny.ks=[1,2]",
-        "eval.tiny.max_new_tokens=24",
-        "aim=false",
-        "progress=false",
-        f"output_dir={tmp_path / 'eval'}",
-    )
-    table = evaluate(cfg)["sets"]["tiny"]
+    table = evaluate_briefly(junior_of_another_format, tmp_path / "eval")
     assert seen and all(p.startswith("### user:\n") for p in seen)
     assert 0.0 < table["legibility/junior_ce_per_byte"] < 5.0
 
@@ -196,17 +201,5 @@ def test_a_junior_with_no_chat_template_reads_the_seniors_prompt_text(tmp_path: 
     with_template = AutoTokenizer.from_pretrained(TINY_BPE_SMALL)
     text = with_template.decode(own.prompt_ids_for(with_template)[0])
     assert "Ana has 3 pens. Put the final answer" in text, "the batch's separator is kept"
-    cfg = compose_config(
-        "evaluate",
-        f"junior={folder}",
-        "sampler=word",
-        "eval.tiny.limit=2",
-        "eval.tiny.n=2",
-        "eval.tiny.ks=[1,2]",
-        "eval.tiny.max_new_tokens=24",
-        "aim=false",
-        "progress=false",
-        f"output_dir={tmp_path / 'eval'}",
-    )
-    table = evaluate(cfg)["sets"]["tiny"]
+    table = evaluate_briefly(folder, tmp_path / "eval")
     assert 0.0 < table["legibility/junior_ce_per_byte"] < 5.0

@@ -13,20 +13,20 @@ model ever sees a word cut in two. The rule (the word schedule's, on text):
    draws a token restricted to its own space-led tokens, so it starts a word rather than
    finishing the other's.
 
-Reading: whenever an author's words are complete (at every proposed onset), they are
-re-tokenized into the other model's tokens and appended to its sequence, marked with their
-author. A model reads a row's queue when it writes there: its own last token, or, when the pen
-has just come to it, everything the other wrote since its last turn, in one packed forward
-(``tandem.engine.packed``: only the tokens really read go through the layers, each row's however
-many), then draws. Each step gives the models turns junior, senior, junior, so the new author of a
-row always has a turn right after the change of pen (the withdrawn proposal costs no step), and
-the junior, whose tokens are usually shorter, writes up to two tokens a step to the senior's
-one. Reading late costs nothing: the tokens go through the layers once either way, and a model
-makes no forward in a turn with nothing to write. Models that cannot be read packed (not sdpa,
-or sliding-window layers) read right-padded blocks instead (``_BlockReader``), with the same
-results. Re-tokenizing word by word equals tokenizing the whole
-text under such pre-tokenizers (``tests/engine/test_cross.py`` checks it on the tiny world);
-the loss never depends on it anyway, since it reads the senior's own sequence.
+Reading: whenever an author's words are complete (at every proposed onset), they are re-tokenized
+into the other model's tokens and appended to its sequence, marked with their author. A model reads
+a row's queue when it writes there: its own last token, or, when the pen has just come to it,
+everything the other wrote since its last turn, in one packed forward (``tandem.engine.packed``:
+only the tokens really read go through the layers, each row's however many), then draws. Each step
+gives the models turns junior, senior, junior, so the new author of a row has its turn right after
+the change of pen (after the step's last turn, one junior turn passes first), and the junior, whose
+tokens are usually shorter, writes up to two tokens a step to the senior's one. Reading late costs
+nothing: the tokens go through the layers once either way, and a model makes no forward in a turn
+with nothing to write. Models that cannot be read packed (not sdpa, or sliding-window layers) read
+right-padded blocks instead (``_BlockReader``), with the same results. Re-tokenizing word by word
+equals tokenizing the whole text under such pre-tokenizers (``tests/engine/test_cross.py`` checks
+it on the tiny world); the loss never depends on it anyway, since it reads the senior's own
+sequence.
 
 What the rollout holds (``CrossRollouts``): ``tokens``/``authors`` are the senior's sequence,
 the loss's: its own tokens with the log-probs it sampled them with, and the junior's words in
@@ -362,10 +362,10 @@ class _CrossLoop:
     Every token a model's sequence gains (its own, or the other author's completed words in its
     tokens) is queued for it to read: its cache has read ``read[m]`` of its ``length[m]`` tokens.
     In its turn a model reads all its queued tokens of the rows it writes (and of rows that have
-    ended), then draws for the live ones. Batch
-    rows (``[n]`` tensors) shrink as rows finish; sequences live in ``[N, cap]`` buffers indexed
-    by rollout row (``self.rows`` maps a batch row to its rollout row). A finished row stays
-    until the other model has read its last words, so that both sequences carry log-probs.
+    ended), then draws for the live ones. Batch rows (``[n]`` tensors) shrink as rows finish;
+    sequences live in ``[N, cap]`` buffers indexed by rollout row (``self.rows`` maps a batch row
+    to its rollout row). A finished row stays until the other model has read its last words, so
+    that both sequences carry log-probs.
     """
 
     def __init__(self, senior: _Model, junior: _Model, p: float, params: SamplingParams) -> None:

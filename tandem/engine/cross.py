@@ -66,6 +66,7 @@ from tandem.engine.cache import reserved
 from tandem.engine.draw import coin_generator, draw, score
 from tandem.engine.packed import PackedReader, packable
 from tandem.engine.reader import Reader
+from tandem.metrics.per_byte import byte_table
 from tandem.samplers.boundaries import token_surfaces
 
 # Compact the batch once this fraction of its rows has finished (as ``generate`` does).
@@ -241,9 +242,8 @@ def _tables(tokenizer: Any) -> tuple[Tensor, Tensor, Tensor]:
     if tokenizer not in _TABLES:
         surfaces = token_surfaces(tokenizer)
         spaced = [s is not None and s[:1] == b" " for s in surfaces]
-        nbytes = [0 if s is None else len(s) for s in surfaces]
         bound = [0 if s is None else len(s.decode("utf-8", "replace").encode()) for s in surfaces]
-        _TABLES[tokenizer] = (torch.tensor(spaced), torch.tensor(nbytes), torch.tensor(bound))
+        _TABLES[tokenizer] = (torch.tensor(spaced), byte_table(tokenizer), torch.tensor(bound))
     return _TABLES[tokenizer]
 
 

@@ -19,6 +19,7 @@ generating; ``tandem.evaluation`` teacher-forces them on solo outputs).
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -48,12 +49,20 @@ def cross_vocabulary_problem(key: str, name: str) -> str | None:
     )
 
 
+# tokenizer -> its [V] table, built once: a run measures every batch with the same tokenizer,
+# and spelling out a 151k vocabulary takes a while
+_SIZES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def byte_table(tokenizer: Any, width: int | None = None) -> Tensor:
-    """``[V]`` long: the bytes each id's surface spells (0 for special tokens and padding ids)."""
-    surfaces = token_surfaces(tokenizer)
-    sizes = [0 if s is None else len(s) for s in surfaces]
-    sizes += [0] * ((width or len(sizes)) - len(sizes))
-    return torch.tensor(sizes, dtype=torch.long)
+    """``[V]`` long: the bytes each id's surface spells (0 for special tokens), padded with 0
+    up to ``width`` ids (ids past the tokenizer: a model's padding rows)."""
+    if tokenizer not in _SIZES:
+        sizes = [0 if s is None else len(s) for s in token_surfaces(tokenizer)]
+        _SIZES[tokenizer] = torch.tensor(sizes, dtype=torch.long)
+    sizes = _SIZES[tokenizer]
+    extra = (width or 0) - sizes.numel()
+    return torch.cat([sizes, sizes.new_zeros(extra)]) if extra > 0 else sizes
 
 
 @METRICS.register("junior_ce_per_byte")

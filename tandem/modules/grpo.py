@@ -150,7 +150,6 @@ class TandemGRPO(L.LightningModule):
         self.solo_sampler = SAMPLERS.build("solo", tokenizer=self.tokenizer)
         self.reward = REWARDS.build(reward["name"], **_args(reward))
         self.backend = None  # built at the first rollout, once the junior is lent
-        self._bytes: Tensor | None = None  # [V] bytes per senior token, for legibility
         self.weights_lag = 0  # optimizer steps the sampled weights are behind the senior
 
     # -- model ---------------------------------------------------------------------------------
@@ -450,13 +449,8 @@ class TandemGRPO(L.LightningModule):
             j = rollouts.junior
             metric.update(j.logprobs.cpu(), j.byte_lengths.cpu(), j.authors.cpu() == SENIOR)
         elif rollouts.junior_logprobs is not None:
-            if self._bytes is None:
-                self._bytes = byte_table(self.tokenizer)
             tokens = rollouts.tokens.cpu()
-            table = self._bytes
-            if int(tokens.max()) >= table.numel():  # ids past the tokenizer: padding rows
-                table = torch.cat([table, table.new_zeros(int(tokens.max()) + 1 - table.numel())])
-            sizes = table[tokens]  # [N, T]
+            sizes = byte_table(self.tokenizer, int(tokens.max()) + 1)[tokens]  # [N, T]
             metric.update(rollouts.junior_logprobs.cpu(), sizes, rollouts.senior_mask.cpu())
         else:
             return {}

@@ -272,13 +272,34 @@ def build(out: Path, recipe: dict, stage1: Path | None = None) -> dict:
         "greedy_accuracy": accuracy(model, tokenizer, test),
         "temperature_1_accuracy": accuracy(model, tokenizer, test, temperature=1.0),
         "eval_problems": len(test),
-        "build_seconds": round(time.perf_counter() - t0, 1),
-        "torch": torch.__version__,
-        "machine": platform.machine(),
+        **provenance(t0),
     }
     # the first stage's model too, so that a change to the second stage can start from it
     write_folder(out, model, tokenizer, info, {"stage1": stage1_model})
     return info
+
+
+def provenance(t0: float) -> dict[str, object]:
+    """What ``build_info.json`` records of a build begun at ``t0`` (``time.perf_counter``): how
+    long it took and what it ran on."""
+    return {
+        "build_seconds": round(time.perf_counter() - t0, 1),
+        "torch": torch.__version__,
+        "machine": platform.machine(),
+    }
+
+
+def recipe_options(parser: argparse.ArgumentParser, recipe: dict) -> None:
+    """One ``--key`` option per recipe entry (underscores as dashes), the recipe's value its
+    type and default: a build's command line can change any number of the recipe."""
+    for key, value in recipe.items():
+        parser.add_argument(f"--{key.replace('_', '-')}", type=type(value), default=value)
+
+
+def report(info: dict, out: Path) -> None:
+    """Print a build's info (its recipe left out: the command line said it) and where it went."""
+    print(json.dumps({k: v for k, v in info.items() if k != "recipe"}, indent=2))
+    print(f"wrote {out}")
 
 
 def write_folder(
@@ -320,13 +341,11 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="start from this first-stage model (e.g. tandem/assets/tiny/stage1): stage 2 only",
     )
-    for key, value in RECIPE.items():
-        parser.add_argument(f"--{key.replace('_', '-')}", type=type(value), default=value)
+    recipe_options(parser, RECIPE)
     args = vars(parser.parse_args(argv))
     out, stage1 = args.pop("out"), args.pop("stage1")
     info = build(out, args, stage1)
-    print(json.dumps({k: v for k, v in info.items() if k != "recipe"}, indent=2))
-    print(f"wrote {out}")
+    report(info, out)
 
 
 if __name__ == "__main__":

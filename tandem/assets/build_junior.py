@@ -24,15 +24,22 @@ writes together (``tandem.engine.cross``).
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import time
 from pathlib import Path
 
 import torch
 
 from tandem.assets import TINY_BPE_SMALL
-from tandem.assets.build import accuracy, encode_examples, make_model, train, write_folder
+from tandem.assets.build import (
+    accuracy,
+    encode_examples,
+    make_model,
+    provenance,
+    recipe_options,
+    report,
+    train,
+    write_folder,
+)
 from tandem.assets.tokenizer import train_tokenizer
 from tandem.data.arithmetic import make_splits
 from tandem.data.prompts import user_message
@@ -84,9 +91,7 @@ def build(out: Path, recipe: dict) -> dict:
         "train": stats,
         "greedy_accuracy": accuracy(model, tokenizer, test, max_new_tokens=320),
         "eval_problems": len(test),
-        "build_seconds": round(time.perf_counter() - t0, 1),
-        "torch": torch.__version__,
-        "machine": platform.machine(),
+        **provenance(t0),
     }
     write_folder(out, model, tokenizer, info)
     return info
@@ -95,13 +100,11 @@ def build(out: Path, recipe: dict) -> dict:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=TINY_BPE_SMALL, help="output folder")
-    for key, value in RECIPE.items():
-        parser.add_argument(f"--{key.replace('_', '-')}", type=type(value), default=value)
+    recipe_options(parser, RECIPE)
     args = vars(parser.parse_args(argv))
     out = args.pop("out")
     info = build(out, args)
-    print(json.dumps({k: v for k, v in info.items() if k != "recipe"}, indent=2))
-    print(f"wrote {out}")
+    report(info, out)
 
 
 if __name__ == "__main__":

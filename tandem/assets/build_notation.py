@@ -22,8 +22,6 @@ What this file leaves out: the task (``tandem.data.arithmetic``), the notation
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import random
 import time
 from pathlib import Path
@@ -32,7 +30,15 @@ import torch
 from transformers import AutoTokenizer, Qwen3ForCausalLM
 
 from tandem.assets import NOTATION_WORLD, TINY_WORLD
-from tandem.assets.build import accuracy, encode_examples, train, write_folder
+from tandem.assets.build import (
+    accuracy,
+    encode_examples,
+    provenance,
+    recipe_options,
+    report,
+    train,
+    write_folder,
+)
 from tandem.data.arithmetic import make_splits
 from tandem.data.notation import compact_solution
 
@@ -93,9 +99,7 @@ def build(out: Path, recipe: dict, start: Path, budget: int = BUDGET) -> dict:
             "max_new_tokens": budget,
             **notation_accuracy(model, tokenizer, test, max_new_tokens=budget),
         },
-        "build_seconds": round(time.perf_counter() - t0, 1),
-        "torch": torch.__version__,
-        "machine": platform.machine(),
+        **provenance(t0),
     }
     write_folder(out, model, tokenizer, info)
     return info
@@ -113,13 +117,11 @@ def main(argv: list[str] | None = None) -> None:
         default=TINY_WORLD / "stage1",
         help="the model fine-tuned (default: the tiny world's first stage)",
     )
-    for key, value in RECIPE.items():
-        parser.add_argument(f"--{key.replace('_', '-')}", type=type(value), default=value)
+    recipe_options(parser, RECIPE)
     args = vars(parser.parse_args(argv))
     out, start, budget = args.pop("out"), args.pop("start"), args.pop("budget")
     info = build(out, args, start, budget)
-    print(json.dumps({k: v for k, v in info.items() if k != "recipe"}, indent=2))
-    print(f"wrote {out}")
+    report(info, out)
 
 
 if __name__ == "__main__":

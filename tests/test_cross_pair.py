@@ -16,22 +16,9 @@ from safetensors.torch import load_file
 from tandem.assets import TINY_BPE_SMALL, TINY_WORLD
 from tandem.evaluate import run as evaluate
 from tandem.train import run
+from tests.modules.test_train import TINY  # the tiny training run the module tests use
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
-TINY = [
-    "+data.sizes={train:32,validation:4}",
-    "batch_size=8",
-    "group_size=4",
-    "generation.max_new_tokens=32",
-    "validation.every_n_steps=2",
-    "validation.size=4",
-    "logger=csv",
-    "module.optimizer.lr=1e-3",
-    # short answers earn no reward: the imitation term keeps the senior moving, and it reads
-    # the senior's log-probs of the junior's words, re-tokenized
-    "module.loss.lambda_jun=0.1",
-    "trainer.enable_progress_bar=false",
-]
 
 
 def compose_config(name: str, *overrides: str):

@@ -5,15 +5,17 @@ given with ``--senior`` (a run's exported ``senior/`` folder or a checkpoint fol
 
 - ``accuracy``: greedy accuracy with the notation forced, ``compact`` by writing the compact
   mark first, ``ordinary`` by forbidding the mark's first token at the response's first position;
-- ``share`` and ``accuracy_as_chosen``: at the training temperature, the share of solutions the
-  model writes in the compact notation, and its accuracy in each notation it chose;
+- ``share``, ``accuracy_as_chosen`` and ``compact_paused``: at the training temperature, the
+  share of solutions the model writes in the compact notation, its accuracy in each notation it
+  chose, and the share of its compact solutions with a pause line;
 - ``continues``: greedy accuracy when the model is handed the first ``--cut`` steps of a correct
-  solution in each notation and must finish it. For the base this is the frozen junior handed a
-  senior's text; a senior's figure beside it shows who stumbles where.
+  solution in each notation, with no pause, and must finish it, and the share of compact
+  continuations that pause. For the base this is the frozen junior handed a senior's text; a
+  senior's figure beside it shows who stumbles where.
 
-Prints one JSON object. The mechanism the world needs: the compact notation more accurate for
-the base than the ordinary one, rarely chosen by it, adopted by solo GRPO, and continued by the
-base less well than by the senior that adopted it (``docs/worlds.md``).
+Prints one JSON object. The mechanism the world needs: the base rarely writes the compact
+notation and pauses in it; solo GRPO adopts it and leaves the pauses out; the base, handed such a
+solution, still pauses (``docs/worlds.md``).
 
 What this file leaves out: training (``tandem.train``) and the study (``tandem.analysis.study``).
 """
@@ -30,7 +32,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tandem.assets import resolve
 from tandem.data.arithmetic import answer_is_correct, make_splits
-from tandem.data.notation import COMPACT_MARK, compact_solution, notation_of
+from tandem.data.notation import COMPACT_MARK, compact_solution, notation_of, pauses_in
 from tandem.data.prompts import format_prompt
 
 NOTATIONS = ("ordinary", "compact")
@@ -109,11 +111,19 @@ def notation_accuracy(
     for kind in NOTATIONS:
         picked = [(t, a) for t, a, k in zip(chosen, answers, kinds, strict=True) if k == kind]
         as_chosen[kind] = _correct(*map(list, zip(*picked, strict=True))) if picked else None
+    compact = [t for t, k in zip(chosen, kinds, strict=True) if k == "compact"]
     return {
         "accuracy": {k: _correct(v, answers) for k, v in forced.items()},
         f"share_compact_T{temperature:g}": round(kinds.count("compact") / len(kinds), 3),
         f"accuracy_as_chosen_T{temperature:g}": as_chosen,
+        # of the compact solutions it chose, the share with a pause line
+        f"compact_paused_T{temperature:g}": _paused(compact),
     }
+
+
+def _paused(texts: list[str]) -> float | None:
+    """The share of ``texts`` with a pause line (None: no texts)."""
+    return round(sum(pauses_in(t) > 0 for t in texts) / len(texts), 3) if texts else None
 
 
 def _prefix(solution: str, cut: int) -> str:
@@ -123,12 +133,15 @@ def _prefix(solution: str, cut: int) -> str:
 
 
 def continuation_accuracy(model: Any, tokenizer: Any, rows: Any, cut: int) -> dict:
-    """Greedy accuracy finishing the first ``cut`` lines of each notation's correct solution."""
+    """Greedy accuracy finishing the first ``cut`` lines of each notation's correct solution, and
+    the share of compact continuations with a pause line."""
     out = {}
     answers = list(rows["answer"])
     for kind, write in (("ordinary", lambda r: r["solution"]), ("compact", compact_solution)):
         prompts = [format_prompt(tokenizer, r["prompt"]) + _prefix(write(r), cut) for r in rows]
-        out[kind] = _correct(complete(model, tokenizer, prompts), answers)
+        texts = complete(model, tokenizer, prompts)
+        out[kind] = _correct(texts, answers)
+    out["compact_paused"] = _paused(texts)
     return out
 
 

@@ -4,16 +4,19 @@ Steps, all deterministic from the recipe on this machine's CPU with a fixed thre
 1. the tiny world's task and its first-stage model (``tandem/assets/tiny/stage1``: worked
    solutions only, about half the test problems right), and the tiny world's tokenizer;
 2. fine-tune it on the train split's solutions, ``compact_share`` of them rewritten in the compact
-   notation (``tandem.data.notation``: digits reversed, drawn from the recipe's seed), loss on the
-   response only, warmup then cosine to zero;
+   notation (``tandem.data.notation``: digits reversed, drawn from the recipe's seed), each compact
+   step followed by the pause line at ``pause_share``; loss on the response only, warmup then
+   cosine to zero;
 3. measure, on held-out test problems, the accuracy of each notation (greedy, the notation forced
-   by its opening words) and the share of compact solutions the base writes at temperature 1;
+   by its opening words), the share of compact solutions the base writes at temperature 1 and the
+   share of those with a pause, with no budget and at the world's budget;
 4. write one Hugging Face folder (model, tokenizer, generation config, ``build_info.json``).
 
-The base learns the compact notation from few examples, so it rarely chooses it and is less
-practised in it than in the ordinary one, yet computes better in it: the choice RL can learn, and
-text the frozen junior continues less well than the senior that adopted it. The recipe's numbers
-were chosen by ``python -m tandem.analysis.notation`` measurements (``docs/worlds.md``).
+The base writes the ordinary notation most of the time and pauses in most compact solutions.
+Under the world's budget an ordinary solution rarely fits and a paused compact one rarely does, so
+the compact notation without pauses is what RL can learn to write, and what the frozen junior,
+still pausing, continues less well. The recipe's numbers were chosen by measurement
+(``python -m tandem.analysis.notation`` and solo GRPO probes, ``docs/worlds.md``).
 
 What this file leaves out: the task (``tandem.data.arithmetic``), the notation
 (``tandem.data.notation``) and the first world's build (``tandem.assets.build``).
@@ -40,7 +43,7 @@ from tandem.assets.build import (
     write_folder,
 )
 from tandem.data.arithmetic import make_splits
-from tandem.data.notation import compact_solution
+from tandem.data.notation import chain, compact_solution
 
 # The world's response budget (conf/world/notation.yaml): no ordinary solution of three
 # operations fits in it, a third of the two-operation ones do, and nearly every compact one does.
@@ -50,7 +53,9 @@ BUDGET = 56
 RECIPE = {
     "seed": 0,
     # share of the fine-tuning solutions written in the compact notation
-    "compact_share": 0.3,
+    "compact_share": 0.35,
+    # chance that each step of a compact answer is followed by the pause line
+    "pause_share": 0.4,
     "steps": 400,
     "batch_size": 32,
     "lr": 1e-3,
@@ -64,10 +69,23 @@ RECIPE = {
 
 def training_answers(rows, recipe: dict) -> list[str]:
     """Each row's fine-tuning answer: compact at the recipe's share (drawn from its seed, apart
-    from the task's own randomness), else the ordinary worked solution."""
+    from the task's own randomness), else the ordinary worked solution. Each step of a compact
+    answer is followed by the pause line at ``pause_share`` (its own draws, so a share of 0 gives
+    the answers of a recipe without pauses)."""
     rng = random.Random(f"notation-{recipe['seed']}")
+    pauses = random.Random(f"notation-pause-{recipe['seed']}")
     share = recipe["compact_share"]
-    return [compact_solution(r) if rng.random() < share else r["solution"] for r in rows]
+    pause_share = recipe.get("pause_share", 0.0)
+    answers = []
+    for row in rows:
+        if rng.random() >= share:
+            answers.append(row["solution"])
+        elif pause_share:
+            n = len(chain(row["expression"])[1])
+            answers.append(compact_solution(row, [pauses.random() < pause_share for _ in range(n)]))
+        else:
+            answers.append(compact_solution(row))
+    return answers
 
 
 def build(out: Path, recipe: dict, start: Path, budget: int = BUDGET) -> dict:

@@ -6,14 +6,14 @@ What differs is how a solution may be written:
 - ordinary: the tiny world's worked solution, numbers written as usual
   (``Adding 62 gives 50 + 62 = 112 loaves of bread.``);
 - compact: a terse private notation that opens with ``COMPACT_MARK`` and writes every number
-  with its digits reversed, least significant first (``05 + 26 = 211``). A left-to-right model
-  computes a sum or a product in this order the way it is done by hand, carries coming in writing
-  order, so the notation is easier to get right; the final ``\\boxed{}`` answer is written as
-  usual, so the reward is the same for both.
+  with its digits reversed, least significant first (``05 + 26 = 211``); the final ``\\boxed{}``
+  answer is written as usual, so the reward is the same for both. A compact step may be followed
+  by the ``PAUSE`` line, which says nothing and takes room.
 
-The notation world's base model sees mostly ordinary solutions and a small share of compact ones
-(``tandem.assets.build_notation``), so that the compact notation is rare in the junior's
-experience while paying for a senior that adopts it.
+The notation world's base model sees mostly ordinary solutions and a share of compact ones, most
+of them with pauses (``tandem.assets.build_notation``): under the world's response budget the
+compact notation pays only without them, so a senior that adopts it learns to leave them out,
+while the frozen junior, handed a compact solution, still pauses and runs out of room.
 
 What this file leaves out: building the base model, and the problems themselves.
 """
@@ -21,6 +21,7 @@ What this file leaves out: building the base model, and the problems themselves.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from tandem.data.arithmetic import SYMBOL
 
@@ -49,21 +50,33 @@ def _apply(symbol: str, a: int, k: int) -> int:
     return {"+": a + k, "-": a - k, "*": a * k, "/": a // k if k else a}[symbol]
 
 
-def compact_solution(row: dict[str, str]) -> str:
+# A line the base writes after some compact steps: it says nothing, and costs room
+PAUSE = "Let me go on to the next step of the problem."
+
+
+def compact_solution(row: dict[str, str], pauses: Sequence[bool] = ()) -> str:
     """``row``'s solution in the compact notation: the mark, one line a step with every number's
-    digits reversed, then the answer boxed as usual."""
+    digits reversed, then the answer boxed as usual. ``pauses[i]``: the ``i``-th step is followed
+    by the ``PAUSE`` line."""
     value, steps = chain(row["expression"])
     lines = [COMPACT_MARK]
-    for symbol, k in steps:
+    for i, (symbol, k) in enumerate(steps):
         result = _apply(symbol, value, k)
         lines.append(
             f"{reverse_digits(value)} {symbol} {reverse_digits(k)} = {reverse_digits(result)}"
         )
+        if i < len(pauses) and pauses[i]:
+            lines.append(PAUSE)
         value = result
     if str(value) != str(row["answer"]):
         raise ValueError(f"expression {row['expression']!r} gives {value}, not {row['answer']}.")
     lines.append(f"So \\boxed{{{value}}}.")
     return "\n\n".join(lines)
+
+
+def pauses_in(text: str) -> int:
+    """How many ``PAUSE`` lines ``text`` has."""
+    return sum(line.strip() == PAUSE for line in text.split("\n\n"))
 
 
 def notation_of(text: str) -> str:

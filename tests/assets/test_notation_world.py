@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from tandem.assets import NOTATION_WORLD, TINY_WORLD, resolve
 from tandem.assets.build_notation import BUDGET, RECIPE, build, training_answers
 from tandem.data.arithmetic import make_splits
-from tandem.data.notation import notation_of
+from tandem.data.notation import notation_of, pauses_in
 
 
 @pytest.fixture(scope="module")
@@ -48,9 +48,14 @@ def test_the_mechanism_is_in_the_base(info):
     # practised more in the ordinary notation, and it writes it most of the time
     assert skill["accuracy"]["ordinary"] > skill["accuracy"]["compact"] + 0.1
     assert 0.1 <= skill["share_compact_T1"] <= 0.5
-    # the budget takes most long ordinary solutions and none of the compact ones
+    # it pauses in most compact solutions it writes
+    assert skill["compact_paused_T1"] > 0.5
+    # the budget takes most ordinary solutions; greedy, it does not pause, and its compact
+    # solutions fit better than its ordinary ones; sampled, its pauses cost it more than that
     assert budget["accuracy"]["ordinary"] < skill["accuracy"]["ordinary"] - 0.1
-    assert budget["accuracy"]["compact"] == pytest.approx(skill["accuracy"]["compact"], abs=0.02)
+    assert budget["accuracy"]["compact"] > budget["accuracy"]["ordinary"]
+    chosen = budget["accuracy_as_chosen_T1"]
+    assert chosen["compact"] < chosen["ordinary"]
 
 
 def test_compact_share_of_the_fine_tuning_answers():
@@ -59,6 +64,21 @@ def test_compact_share_of_the_fine_tuning_answers():
     assert kinds.count("compact") / len(kinds) == pytest.approx(RECIPE["compact_share"], abs=0.03)
     # drawn from the recipe's seed: the same answers every time
     assert training_answers(rows, RECIPE) == training_answers(rows, RECIPE)
+
+
+def test_pause_share_of_the_compact_answers():
+    rows = make_splits(0, sizes={"train": 2000, "validation": 10, "test": 10})["train"]
+    recipe = {**RECIPE, "compact_share": 0.4, "pause_share": 0.6}
+    answers = training_answers(rows, recipe)
+    compact = [a for a in answers if notation_of(a) == "compact"]
+    steps = sum(len(a.split("\n\n")) - 2 - pauses_in(a) for a in compact)
+    assert len(compact) / len(answers) == pytest.approx(0.4, abs=0.03)
+    assert sum(map(pauses_in, compact)) / steps == pytest.approx(0.6, abs=0.03)
+    assert not any(pauses_in(a) for a in answers if notation_of(a) == "ordinary")
+    # the pauses are drawn apart: without them, the same rows are compact as before
+    plain = training_answers(rows, {**recipe, "pause_share": 0.0})
+    assert [notation_of(a) for a in plain] == [notation_of(a) for a in answers]
+    assert not any(map(pauses_in, plain))
 
 
 def test_rebuild_is_deterministic(tmp_path):

@@ -9,9 +9,11 @@ import pytest
 from tandem.data.arithmetic import answer_is_correct, make_splits
 from tandem.data.notation import (
     COMPACT_MARK,
+    PAUSE,
     chain,
     compact_solution,
     notation_of,
+    pauses_in,
     reverse_digits,
 )
 
@@ -55,3 +57,27 @@ def test_compact_refuses_an_inconsistent_row(rows):
 def test_mark_opens_the_compact_notation():
     assert notation_of(f"  {COMPACT_MARK}\n\n01 + 1 = 11") == "compact"
     assert notation_of(f"We begin with 3. {COMPACT_MARK}") == "ordinary"
+
+
+def test_pause_lines_follow_the_chosen_steps_and_change_nothing_else(rows):
+    for row in rows:
+        plain = compact_solution(row).split("\n\n")
+        steps = len(plain) - 2
+        for pattern in ([True] * steps, [False] * steps, [i % 2 == 0 for i in range(steps)]):
+            text = compact_solution(row, pattern)
+            lines = text.split("\n\n")
+            assert pauses_in(text) == lines.count(PAUSE) == sum(pattern)
+            assert [line for line in lines if line != PAUSE] == plain
+            assert answer_is_correct(text, row["answer"])
+            # each right after a step the pattern chose
+            followed, step = [], -1
+            for line in lines[1:-1]:
+                step += line != PAUSE
+                followed += [step] if line == PAUSE else []
+            assert followed == [j for j, on in enumerate(pattern) if on]
+
+
+def test_pauses_in_counts_whole_pause_lines_only():
+    assert pauses_in(f"05 + 26 = 211\n\n{PAUSE}\n\nSo \\boxed{{112}}.") == 1
+    assert pauses_in(f"{PAUSE} 05 + 26 = 211") == 0
+    assert pauses_in("") == 0

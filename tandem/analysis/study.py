@@ -43,7 +43,15 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from tandem.analysis.claims import CLAIMS, MARGIN, Claim, seed_tests, t_interval, verdict
+from tandem.analysis.claims import (
+    CLAIMS,
+    MARGIN,
+    Claim,
+    difference_interval,
+    seed_tests,
+    t_interval,
+    verdict,
+)
 from tandem.provenance import run_commits, source_commit
 
 log = logging.getLogger(__name__)
@@ -54,6 +62,14 @@ CONF = Path(__file__).resolve().parents[2] / "conf"
 CHECKPOINTS = ("selected", "last")
 # where each run's evaluation goes, by which senior it evaluates: two choices never share one
 EVAL_FOLDERS = {"selected": "eval", "last": "eval_last"}
+# GRPO's drift from the base, as another world's page is set against: (key, what it is); a drop
+# is the solo figure minus the handoff figure of the same seed
+DRIFT = (
+    ("drift/kl", "KL to the base (nats per token)"),
+    ("legibility/junior_ce", "the junior's cross-entropy on the senior's text (nats per token)"),
+    ("drop", "solo minus handoff pass@1"),
+    ("greedy/drop", "greedy solo minus handoff accuracy"),
+)
 # what the paper reports (Tandem RL vs GRPO); None where it states a direction, not a figure
 PAPER = {
     "drift/kl": {"trl": 0.022, "grpo": 0.026},
@@ -77,6 +93,8 @@ class Study:
         checkpoint: ``selected`` (the checkpoint validation picked) or ``last``.
         eval: more ``tandem.evaluate`` overrides.
         describes: what the evaluation is, in a sentence for the page.
+        compare: another study (a ``conf/study`` name) whose GRPO runs this one's GRPO drift is
+            set against, on the page (None: none).
     """
 
     title: str
@@ -88,6 +106,7 @@ class Study:
     checkpoint: str = "selected"
     eval: tuple[str, ...] = ()
     describes: str = ""
+    compare: str | None = None
 
     def __post_init__(self) -> None:
         if self.checkpoint not in CHECKPOINTS:
@@ -324,8 +343,10 @@ def render(
     study: Study,
     command: str,
     margin: float = MARGIN,
+    against: Sequence[str] = (),
 ) -> str:
-    """The Markdown page; ``margin`` is the equivalence margin of claim 1 (absolute accuracy)."""
+    """The Markdown page; ``margin`` is the equivalence margin of claim 1 (absolute accuracy);
+    ``against``: the section setting GRPO's drift against another world's (``drift_section``)."""
     arms = [a for a in ARMS if a in values] + sorted(set(values) - set(ARMS))
     seeds = {a: sorted(r.seed for r in runs if r.arm == a) for a in arms}
     steps = sorted({r.steps for r in runs})
@@ -356,6 +377,7 @@ def render(
         "",
     ]
     lines += training_section(values, base, arms, runs, study.greedy)
+    lines += list(against)
     for claim in CLAIMS:
         lines += claim_section(claim, values, base, arms, margin)
     lines += [
@@ -483,6 +505,74 @@ def training_section(
     return [*lines, "", *curves_section(runs, arms)]
 
 
+def grpo_drift(values: dict[str, dict[str, list[float]]]) -> dict[str, list[float]]:
+    """GRPO's per-seed drift measures (``DRIFT``), the drops from each seed's pair of figures."""
+    grpo = values.get("grpo", {})
+    out = {key: list(grpo.get(key, [])) for key, _ in DRIFT if "drop" not in key}
+    for prefix in ("", "greedy/"):
+        solo, handoff = (
+            grpo.get(f"{prefix}solo/pass@1", []),
+            grpo.get(f"{prefix}handoff/pass@1", []),
+        )
+        out[f"{prefix}drop"] = [s - h for s, h in zip(solo, handoff, strict=True)]
+    return out
+
+
+def drift_section(
+    ours: dict[str, dict[str, list[float]]],
+    theirs: dict[str, dict[str, list[float]]],
+    study: Study,
+    other: Study,
+) -> list[str]:
+    """GRPO's drift from the base on this study's world against ``other``'s: each measure's
+    mean and interval per world, and Welch's 95% interval of the difference."""
+    lines = [
+        f"## GRPO's drift here and in `{other.runs}`",
+        "",
+        f"Can this world tell? GRPO's drift from its base, per seed, on this page's runs and on "
+        f"those of the `{study.compare}` study (`{other.runs}`, its {other.checkpoint} "
+        "checkpoints, its own evaluation), with Welch's 95% interval of the difference of the "
+        "means. A drop is a seed's solo figure minus its handoff figure (the step schedule).",
+        "",
+        f"| measure | here | `{other.runs}` | difference |",
+        "| --- | --- | --- | --- |",
+    ]
+    mine, yours = grpo_drift(ours), grpo_drift(theirs)
+    verdicts = []
+    for key, what in DRIFT:
+        a, b = mine.get(key, []), yours.get(key, [])
+        if not a or not b:
+            lines.append(f"| {what} | {_cell(a)} | {_cell(b)} | n/a |")
+            verdicts.append(f"- {what}: not measured: a world has no GRPO runs with it.")
+            continue
+        diff, lo, hi = difference_interval(a, b)
+        interval = "n/a" if math.isnan(lo) else f"[{lo:+.3f}, {hi:+.3f}]"
+        lines.append(f"| {what} | {_cell(a)} | {_cell(b)} | {diff:+.3f} {interval} |")
+        if math.isnan(lo):
+            said = "no interval with one seed"
+        elif lo > 0:
+            said = "larger here, the interval clear of zero"
+        elif hi < 0:
+            said = "smaller here, the interval clear of zero"
+        else:
+            said = "no detectable difference, the interval contains zero"
+        verdicts.append(f"- {what}: {said} ({diff:+.3f}, 95% interval {interval}).")
+    return [*lines, "", *verdicts, ""]
+
+
+def against(study: Study, values: dict, overrides: Sequence[str]) -> list[str]:
+    """The section setting GRPO's drift against the ``compare`` study's world (evaluating its
+    runs where they are not yet), or a line saying why it could not."""
+    if not study.compare:
+        return []
+    other = dataclasses.replace(Study.load(study.compare), checkpoint=study.checkpoint)
+    try:
+        theirs, _, _ = collect(other, overrides)
+    except FileNotFoundError as e:
+        return [f"## GRPO's drift here and in `{other.runs}`", "", f"Not measured: {e}", ""]
+    return drift_section(values, theirs, study, other)
+
+
 def _commits(folder: Path) -> str:
     starts = run_commits(folder)
     parts = [f"`{commit}` from step {step}" for commit, step in starts]
@@ -521,11 +611,12 @@ def main(argv: list[str] | None = None) -> Path:
     given = {"runs": args.runs, "out": args.out, "base": args.base, "checkpoint": args.checkpoint}
     study = dataclasses.replace(study, **{k: v for k, v in given.items() if v is not None})
     values, base, runs = collect(study, args.eval)
+    compared = against(study, values, args.eval)
     command = " ".join(
         ["python -m tandem.analysis.study", *(sys.argv[1:] if argv is None else argv)]
     )
     study.out.parent.mkdir(parents=True, exist_ok=True)
-    study.out.write_text(render(values, base, runs, study, command, args.margin))
+    study.out.write_text(render(values, base, runs, study, command, args.margin, compared))
     print(f"wrote {study.out}")
     return study.out
 

@@ -181,3 +181,57 @@ def test_each_choice_of_senior_has_its_own_evaluation(tmp_path: Path) -> None:
     assert source.endswith("best-100.ckpt") and senior == out / "senior" == run.path / "eval/senior"
     # the last step's evaluation never reuses the selected one's results
     assert run.evaluated("last") == (str(run.senior), run.senior, run.path / "eval_last")
+
+
+def _drift(kl, ce, solo, handoff, greedy=None):
+    grpo = {"drift/kl": kl, "legibility/junior_ce": ce, "solo/pass@1": solo}
+    grpo["handoff/pass@1"] = handoff
+    if greedy:
+        grpo["greedy/solo/pass@1"], grpo["greedy/handoff/pass@1"] = greedy
+    return {"grpo": grpo, "trl": {"drift/kl": [9.0, 9.0, 9.0]}}
+
+
+def test_drift_section_sets_grpo_against_another_world(tmp_path: Path) -> None:
+    here = Study("t", tmp_path / "here", tmp_path / "p.md", "tiny", ("tiny",), compare="tiny")
+    other = Study("t", Path("multirun/tiny_world"), tmp_path / "q.md", "tiny", ("tiny",))
+    ours = _drift([0.20, 0.22, 0.25], [0.30, 0.35, 0.40], [0.20, 0.19, 0.21], [0.10, 0.12, 0.11])
+    theirs = _drift(
+        [0.007, 0.008, 0.006],
+        [0.30, 0.36, 0.41],
+        [0.35, 0.36, 0.34],
+        [0.36, 0.37, 0.35],
+        greedy=([0.5, 0.5, 0.5], [0.51, 0.52, 0.53]),
+    )
+    lines = study.drift_section(ours, theirs, here, other)
+    text = "\n".join(lines)
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in lines if line.startswith("| ")}
+    # each seed's drop is its own solo minus its own handoff: 0.10, 0.07, 0.10 here
+    assert "0.090 [" in rows["solo minus handoff pass@1"]
+    assert "-0.010 [" in rows["solo minus handoff pass@1"]
+    verdicts = {line.split(":")[0][2:]: line for line in lines if line.startswith("- ")}
+    assert "larger here" in verdicts["KL to the base (nats per token)"]
+    assert "larger here" in verdicts["solo minus handoff pass@1"]
+    # the same cross-entropies in both worlds: no difference to detect
+    assert (
+        "contains zero"
+        in verdicts["the junior's cross-entropy on the senior's text (nats per token)"]
+    )
+    # a measure one world lacks is said to be missing, not dropped
+    assert "not measured" in verdicts["greedy solo minus handoff accuracy"]
+    # only GRPO is compared: the trl arm's values appear nowhere
+    assert "9.000" not in text
+    assert "`multirun/tiny_world`" in lines[0]
+
+
+def test_a_comparison_without_runs_says_so(tmp_path: Path, monkeypatch) -> None:
+    empty = Study("t", tmp_path / "none", tmp_path / "q.md", "tiny", ("tiny",))
+    monkeypatch.setattr(Study, "load", classmethod(lambda cls, name: empty))
+    here = Study("t", tmp_path / "here", tmp_path / "p.md", "tiny", ("tiny",), compare="tiny")
+    lines = study.against(here, {}, [])
+    assert lines[0].startswith("## GRPO's drift") and "no finished training run" in lines[2]
+    assert study.against(dataclasses.replace(here, compare=None), {}, []) == []
+
+
+def test_the_notation_study_is_set_against_the_tiny_world() -> None:
+    assert Study.load("notation").compare == "tiny"
+    assert Study.load("tiny").compare is None

@@ -19,6 +19,10 @@ toward the junior, ``kl_reg``):
    Tandem RL's shift from GRPO);
 4. higher legibility to the junior (lower junior cross-entropy, higher overlap).
 
+A study with ``compare`` (``conf/study/notation.yaml``: ``compare: tiny``) also sets GRPO's drift
+from the base (KL, the junior's cross-entropy, the drop from solo to handoff accuracy) against the
+other study's world, with Welch's interval of the difference: can this world tell?
+
 A run is finished when its exported senior (``<run>/senior/config.json``) exists; the exported
 senior is the last step's. Every figure on the page comes from the runs it names.
 

@@ -141,7 +141,8 @@ def continuation_accuracy(model: Any, tokenizer: Any, rows: Any, cut: int) -> di
         prompts = [format_prompt(tokenizer, r["prompt"]) + _prefix(write(r), cut) for r in rows]
         texts = complete(model, tokenizer, prompts)
         out[kind] = _correct(texts, answers)
-    out["compact_paused"] = _paused(texts)
+        if kind == "compact":
+            out["compact_paused"] = _paused(texts)
     return out
 
 

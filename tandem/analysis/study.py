@@ -268,10 +268,10 @@ def displacement_for_seed(
 
 
 def collect(
-    study: Study, overrides: Sequence[str] = ()
+    study: Study, overrides: Sequence[str] = (), pullback: bool = True
 ) -> tuple[dict[str, dict[str, list[float]]], dict[str, Any], list[Run]]:
     """Evaluate everything needed; returns ``values[arm][metric] -> per-seed list``, the base's
-    table and the runs used."""
+    table and the runs used. ``pullback``: also the displacement analysis per seed (claim 3)."""
     root, base = study.runs, study.base
     runs, unfinished = find_runs(root)
     for folder in unfinished:
@@ -292,7 +292,7 @@ def collect(
         arm = values.setdefault(run.arm, {})
         for key, value in flatten(results, study).items():
             arm.setdefault(key, []).append(value)
-    grpo_by_seed = {r.seed: r for r in runs if r.arm == "grpo"}
+    grpo_by_seed = {r.seed: r for r in runs if r.arm == "grpo"} if pullback else {}
     cache = "displacement.json"
     for seed, grpo in sorted(grpo_by_seed.items()):
         others = [r for r in runs if r.seed == seed and r.arm != "grpo"]
@@ -571,7 +571,7 @@ def against(study: Study, values: dict, overrides: Sequence[str]) -> list[str]:
         return []
     other = dataclasses.replace(Study.load(study.compare), checkpoint=study.checkpoint)
     try:
-        theirs, _, _ = collect(other, overrides)
+        theirs, _, _ = collect(other, overrides, pullback=False)
     except FileNotFoundError as e:
         return [f"## GRPO's drift here and in `{other.runs}`", "", f"Not measured: {e}", ""]
     return drift_section(values, theirs, study, other)

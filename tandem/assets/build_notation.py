@@ -25,6 +25,7 @@ What this file leaves out: the task (``tandem.data.arithmetic``), the notation
 from __future__ import annotations
 
 import argparse
+import itertools
 import random
 import time
 from pathlib import Path
@@ -43,7 +44,7 @@ from tandem.assets.build import (
     write_folder,
 )
 from tandem.data.arithmetic import make_splits
-from tandem.data.notation import chain, compact_solution
+from tandem.data.notation import compact_solution
 
 # The world's response budget (conf/world/notation.yaml): no ordinary solution of three
 # operations fits in it, a third of the two-operation ones do, and nearly every compact one does.
@@ -75,17 +76,9 @@ def training_answers(rows, recipe: dict) -> list[str]:
     rng = random.Random(f"notation-{recipe['seed']}")
     pauses = random.Random(f"notation-pause-{recipe['seed']}")
     share = recipe["compact_share"]
-    pause_share = recipe.get("pause_share", 0.0)
-    answers = []
-    for row in rows:
-        if rng.random() >= share:
-            answers.append(row["solution"])
-        elif pause_share:
-            n = len(chain(row["expression"])[1])
-            answers.append(compact_solution(row, [pauses.random() < pause_share for _ in range(n)]))
-        else:
-            answers.append(compact_solution(row))
-    return answers
+    # one draw a step of each compact answer, as the solution asks for them
+    pause = (pauses.random() < recipe["pause_share"] for _ in itertools.repeat(None))
+    return [compact_solution(r, pause) if rng.random() < share else r["solution"] for r in rows]
 
 
 def build(out: Path, recipe: dict, start: Path, budget: int = BUDGET) -> dict:

@@ -21,7 +21,7 @@ What this file leaves out: building the base model, and the problems themselves.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable
 
 from tandem.data.arithmetic import SYMBOL
 
@@ -54,18 +54,19 @@ def _apply(symbol: str, a: int, k: int) -> int:
 PAUSE = "Let me go on to the next step of the problem."
 
 
-def compact_solution(row: dict[str, str], pauses: Sequence[bool] = ()) -> str:
+def compact_solution(row: dict[str, str], pauses: Iterable[bool] = ()) -> str:
     """``row``'s solution in the compact notation: the mark, one line a step with every number's
-    digits reversed, then the answer boxed as usual. ``pauses[i]``: the ``i``-th step is followed
-    by the ``PAUSE`` line."""
+    digits reversed, then the answer boxed as usual. ``pauses`` is read one value a step, in
+    order (steps past its end: no pause); a true one puts the ``PAUSE`` line after its step."""
     value, steps = chain(row["expression"])
+    pause = iter(pauses)
     lines = [COMPACT_MARK]
-    for i, (symbol, k) in enumerate(steps):
+    for symbol, k in steps:
         result = _apply(symbol, value, k)
         lines.append(
             f"{reverse_digits(value)} {symbol} {reverse_digits(k)} = {reverse_digits(result)}"
         )
-        if i < len(pauses) and pauses[i]:
+        if next(pause, False):
             lines.append(PAUSE)
         value = result
     if str(value) != str(row["answer"]):

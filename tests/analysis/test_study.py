@@ -92,6 +92,12 @@ def test_collect_evaluates_once_and_measures_displacement(runs: Path) -> None:
     again, _, _ = collect(tiny_study(runs), EVAL)
     assert results.stat().st_mtime_ns == stamp, "a finished evaluation is reused, not redone"
     assert again == values
+    # a comparison with another world needs its evaluations only, not its pull-back
+    (runs / "trl-seed0" / "eval" / "displacement.json").unlink()
+    measured, _, _ = collect(tiny_study(runs), EVAL, pullback=False)
+    assert "pulled_back" not in measured["trl"]
+    assert not (runs / "trl-seed0" / "eval" / "displacement.json").exists()
+    assert measured["trl"]["drift/kl"] == values["trl"]["drift/kl"]
     page = render(
         values, base, found, tiny_study(runs), "python -m tandem.analysis.study", margin=0.05
     )

@@ -13,9 +13,10 @@ Steps, all deterministic from the recipe on this machine's CPU with a fixed thre
 4. write one Hugging Face folder (model, tokenizer, generation config, ``build_info.json``).
 
 The base writes the ordinary notation most of the time and pauses in most compact solutions.
-Under the world's budget an ordinary solution rarely fits and a paused compact one rarely does, so
-the compact notation without pauses is what RL can learn to write, and what the frozen junior,
-still pausing, continues less well. The recipe's numbers were chosen by measurement
+Under the world's budget an ordinary solution rarely fits and a paused compact one never does,
+while a compact one without pauses always fits with room left, so leaving out the pauses is what
+RL can learn to write, and nothing else shortens text that pays; the frozen junior, still pausing,
+continues such text less well. The recipe's numbers were chosen by measurement
 (``python -m tandem.analysis.notation`` and solo GRPO probes, ``docs/worlds.md``).
 
 What this file leaves out: the task (``tandem.data.arithmetic``), the notation
@@ -46,8 +47,9 @@ from tandem.assets.build import (
 from tandem.data.arithmetic import make_splits
 from tandem.data.notation import compact_solution
 
-# The world's response budget (conf/world/notation.yaml): no ordinary solution of three
-# operations fits in it, a third of the two-operation ones do, and nearly every compact one does.
+# The world's response budget (conf/world/notation.yaml): every compact solution without a
+# pause fits with room left, none with one does; no ordinary solution of three operations fits,
+# a third of the two-operation ones do.
 BUDGET = 56
 
 # The recipe of the committed model. Changing any of these changes the model.

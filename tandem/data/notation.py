@@ -6,9 +6,12 @@ What differs is how a solution may be written:
 - ordinary: the tiny world's worked solution, numbers written as usual
   (``Adding 62 gives 50 + 62 = 112 loaves of bread.``);
 - compact: a terse private notation that opens with ``COMPACT_MARK`` and writes every number
-  with its digits reversed, least significant first (``05 + 26 = 211``); the final ``\\boxed{}``
-  answer is written as usual, so the reward is the same for both. A compact step may be followed
-  by the ``PAUSE`` line, which says nothing and takes room.
+  with its digits reversed, least significant first (``05 + 26 = 211``), one step a line; the
+  final ``\\boxed{}`` answer is written as usual, so the reward is the same for both. A compact
+  step may be followed by the ``PAUSE`` line, which says nothing and takes room. The mark is one
+  token, so that every compact solution without a pause fits the world's budget: leaving out the
+  pauses is then the only shortening that pays. Lines are separated by a blank line, as in the
+  ordinary notation, so a reasoning step ends at each (``tandem.samplers.step``).
 
 The notation world's base model sees mostly ordinary solutions and a share of compact ones, most
 of them with pauses (``tandem.assets.build_notation``): under the world's response budget the
@@ -26,7 +29,7 @@ from collections.abc import Iterable
 from tandem.data.arithmetic import SYMBOL
 
 # how a compact solution opens: the one decision that selects the notation
-COMPACT_MARK = "Reversed:"
+COMPACT_MARK = "#"
 _OPS = {symbol: op for op, symbol in SYMBOL.items()}
 _STEP = re.compile(r"\s*([+\-*/])\s*(\d+)\)")
 
@@ -50,8 +53,9 @@ def _apply(symbol: str, a: int, k: int) -> int:
     return {"+": a + k, "-": a - k, "*": a * k, "/": a // k if k else a}[symbol]
 
 
-# A line the base writes after some compact steps: it says nothing, and costs room
-PAUSE = "Let me go on to the next step of the problem."
+# A line the base writes after some compact steps: it says nothing, and costs room (32 tokens,
+# more than the budget leaves over any compact solution)
+PAUSE = "Let me go on to the next step of the problem and then check the numbers."
 
 
 def compact_solution(row: dict[str, str], pauses: Iterable[bool] = ()) -> str:
@@ -77,7 +81,7 @@ def compact_solution(row: dict[str, str], pauses: Iterable[bool] = ()) -> str:
 
 def pauses_in(text: str) -> int:
     """How many ``PAUSE`` lines ``text`` has."""
-    return sum(line.strip() == PAUSE for line in text.split("\n\n"))
+    return sum(line.strip() == PAUSE for line in text.splitlines())
 
 
 def notation_of(text: str) -> str:

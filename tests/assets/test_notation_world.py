@@ -14,7 +14,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from tandem.assets import NOTATION_WORLD, TINY_WORLD, resolve
 from tandem.assets.build_notation import BUDGET, RECIPE, build, training_answers
 from tandem.data.arithmetic import make_splits
-from tandem.data.notation import notation_of, pauses_in
+from tandem.data.notation import chain, compact_solution, notation_of, pauses_in
+from tandem.samplers.boundaries import boundary_tables, step_end
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +42,39 @@ def test_build_info_records_the_recipe_and_the_worlds_budget(info):
     assert info["budget"]["max_new_tokens"] == BUDGET
     world = OmegaConf.load(Path(__file__).resolve().parents[2] / "conf/world/notation.yaml")
     assert world.generation.max_new_tokens == BUDGET
+
+
+def test_the_budget_pays_for_leaving_out_pauses_and_for_nothing_else():
+    """Every compact solution without a pause fits the budget, nearly all with room left, so
+    shortening it further gains next to nothing; with one pause, none fits; the ordinary
+    notation fits on some problems of two operations and on none of three."""
+    tokenizer = AutoTokenizer.from_pretrained(NOTATION_WORLD)
+    rows = make_splits(0, sizes={"train": 1000, "validation": 10, "test": 10})["train"]
+
+    def length(text: str) -> int:  # with the end-of-turn token
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"]) + 1
+
+    room, paused, ordinary = [], [], {2: [], 3: []}
+    for row in rows:
+        room.append(BUDGET - length(compact_solution(row)))
+        paused.append(length(compact_solution(row, [True])))
+        ordinary[len(chain(row["expression"])[1])].append(length(row["solution"]) <= BUDGET)
+    assert min(room) >= 0 and sum(r < 2 for r in room) / len(room) < 0.01
+    assert min(paused) > BUDGET
+    assert 0.2 < sum(ordinary[2]) / len(ordinary[2]) < 0.5
+    assert not any(ordinary[3])
+
+
+def test_a_reasoning_step_ends_at_each_compact_line():
+    """The step schedule hands the pen over at each compact line, as at each ordinary one."""
+    tokenizer = AutoTokenizer.from_pretrained(NOTATION_WORLD)
+    tables = boundary_tables(tokenizer)
+    for row in make_splits(0, sizes={"train": 50, "validation": 10, "test": 10})["train"]:
+        for text in (compact_solution(row, [True, False]), row["solution"]):
+            ids = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"])
+            ends = step_end(tables, ids[1:], ids[:-1]).sum().item()
+            lines = [line for line in text.splitlines() if line.strip()]
+            assert ends == len(lines) - 1, text
 
 
 def test_the_mechanism_is_in_the_base(info):

@@ -79,5 +79,6 @@ def test_pause_lines_follow_the_chosen_steps_and_change_nothing_else(rows):
 
 def test_pauses_in_counts_whole_pause_lines_only():
     assert pauses_in(f"05 + 26 = 211\n\n{PAUSE}\n\nSo \\boxed{{112}}.") == 1
+    assert pauses_in(f"Sum.\n\n{PAUSE}\n\n{PAUSE}") == 2
     assert pauses_in(f"{PAUSE} 05 + 26 = 211") == 0
     assert pauses_in("") == 0

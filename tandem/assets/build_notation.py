@@ -14,8 +14,8 @@ Steps, all deterministic from the recipe on this machine's CPU with a fixed thre
 
 The base writes the ordinary notation most of the time and pauses in most compact solutions.
 Under the world's budget an ordinary solution rarely fits and a paused compact one never does,
-while a compact one without pauses always fits with room left, so leaving out the pauses is what
-RL can learn to write, and nothing else shortens text that pays; the frozen junior, still pausing,
+while a compact one without pauses always fits, so leaving out the pauses is what RL can
+learn to write, and nothing else shortens text that pays; the frozen junior, still pausing,
 continues such text less well. The recipe's numbers were chosen by measurement
 (``python -m tandem.analysis.notation`` and solo GRPO probes, ``docs/worlds.md``).
 
@@ -48,7 +48,7 @@ from tandem.data.arithmetic import make_splits
 from tandem.data.notation import compact_solution
 
 # The world's response budget (conf/world/notation.yaml): every compact solution without a
-# pause fits with room left, none with one does; no ordinary solution of three operations fits,
+# pause fits, none with one does; no ordinary solution of three operations fits,
 # a third of the two-operation ones do.
 BUDGET = 56
 

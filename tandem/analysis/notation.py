@@ -8,10 +8,10 @@ given with ``--senior`` (a run's exported ``senior/`` folder or a checkpoint fol
 - ``share``, ``accuracy_as_chosen`` and ``compact_paused``: at the training temperature, the
   share of solutions the model writes in the compact notation, its accuracy in each notation it
   chose, and the share of its compact solutions with a pause line;
-- ``continues``: greedy accuracy when the model is handed the first ``--cut`` steps of a correct
-  solution in each notation, with no pause, and must finish it, and the share of compact
-  continuations that pause. For the base this is the frozen junior handed a senior's text; a
-  senior's figure beside it shows who stumbles where.
+- ``continues``: greedy accuracy when the model is handed the first ``--cut`` lines (the opening
+  and ``cut - 1`` steps) of a correct solution in each notation, with no pause, and must finish
+  it, and the share of compact continuations that pause. For the base this is the frozen junior
+  handed a senior's text; a senior's figure beside it shows who stumbles where.
 
 Prints one JSON object. The mechanism the world needs: the base rarely writes the compact
 notation and pauses in it; solo GRPO adopts it and leaves the pauses out; the base, handed such a

@@ -120,6 +120,10 @@ RANGES: dict[str, Rule] = {
     "generation.top_p": (lambda v: _number(v) and 0 < v <= 1, "in (0, 1] (1: off)"),
     "generation.top_k": (lambda v: _int(v) and v >= 0, "an integer >= 0 (0: off)"),
     "generation.max_new_tokens": (lambda v: _int(v) and v >= 1, "an integer >= 1"),
+    "generation.kv_cache_gib": (
+        lambda v: v is None or (_number(v) and v > 0),
+        "a number > 0 (GiB), or null for a share of the device's free memory",
+    ),
     "module.optimizer.lr": (lambda v: _number(v) and v > 0, "a number > 0"),
     "module.optimizer.weight_decay": (lambda v: _number(v) and v >= 0, "a number >= 0"),
     "module.max_grad_norm": (
@@ -127,6 +131,11 @@ RANGES: dict[str, Rule] = {
         "a number > 0, or null for no clipping",
     ),
     "module.num_iterations": (lambda v: _int(v) and v >= 1, "an integer >= 1"),
+    "module.max_tokens_per_micro_batch": (
+        lambda v: v is None or (_int(v) and v >= 1),
+        "an integer >= 1 (tokens per packed micro-batch), or null for one per mini-batch",
+    ),
+    "module.logprob_chunk_tokens": (lambda v: _int(v) and v >= 1, "an integer >= 1"),
     "module.mini_batches": (lambda v: _int(v) and v >= 1, "an integer >= 1"),
     "module.rollouts_to_log": (lambda v: _int(v) and v >= 0, "an integer >= 0 (0: none)"),
     "module.rollout_log_every": (lambda v: _int(v) and v >= 1, "an integer >= 1"),
@@ -164,7 +173,7 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
     check_metrics(problems, "metrics", c.get("metrics"))
     _check_batch(problems, c, world_size)
     _check_ranges(problems, c)
-    _check_intervals(problems, c)
+    _check_precision(problems, c)
     _check_module(problems, c.get("module") or {})
     _check_target(problems, "trainer", c.get("trainer"), TRAINER_FROM_RUN)
     for where, spec in _indexed("logger", c.get("logger")):
@@ -390,19 +399,28 @@ def _check_batch(problems: list[str], c: dict, world_size: int) -> None:
             )
 
 
-def _check_intervals(problems: list[str], c: dict) -> None:
-    """Validation can only fall between batches, each ``num_iterations x mini_batches``
-    optimizer steps: ``every_n_steps`` must be a whole number of batches."""
-    m, every = c.get("module") or {}, (c.get("validation") or {}).get("every_n_steps")
-    per = [m.get("num_iterations", 1), m.get("mini_batches", 1)]
-    if not (_int(every) and all(_int(v) and v >= 1 for v in per)):
-        return  # the ranges are reported by _check_ranges
-    batch = per[0] * per[1]
-    if every % batch:
+def _check_precision(problems: list[str], c: dict) -> None:
+    """The senior trains on float32 master weights: a lower ``model.dtype`` is what the
+    trainer computes in, so some trainer setting must compute in it, and none may train the
+    weights themselves in it."""
+    dtype = (c.get("model") or {}).get("dtype", "float32")
+    trainer = c.get("trainer") or {}
+    precision = str(trainer.get("precision", "32-true"))
+    strategy = trainer.get("strategy")
+    param_dtype = strategy.get("param_dtype") if isinstance(strategy, dict) else None
+    if precision.endswith("-true") and precision not in ("32-true", "64-true"):
         problems.append(
-            f"validation.every_n_steps ({every}) must be a multiple of module.num_iterations x "
-            f"module.mini_batches ({batch}): it counts optimizer steps, and a batch of rollouts "
-            f"makes that many. Set it to {max(1, every // batch) * batch}."
+            f"trainer.precision ({precision!r}) casts the senior's weights themselves, so AdamW "
+            "would update them with no float32 master copy and most small updates would round "
+            "away. Set trainer.precision=bf16-mixed (float32 weights, bfloat16 compute)."
+        )
+    elif dtype != "float32" and precision in ("32-true", "32", "64-true") and not param_dtype:
+        problems.append(
+            f"model.dtype ({dtype!r}) asks the senior to compute in {dtype}, but "
+            f"trainer.precision ({precision!r}) computes in float32 and no "
+            "trainer.strategy.param_dtype is set. The senior's weights are float32 either way. "
+            "Set trainer.precision=bf16-mixed (one device), trainer.strategy.param_dtype="
+            f"{dtype} (trainer=fsdp), or model.dtype=float32."
         )
 
 

@@ -56,11 +56,6 @@ def world_size(cfg: DictConfig) -> int:
     return devices * int(cfg.trainer.get("num_nodes", 1) or 1)
 
 
-def steps_per_batch(module: Any) -> int:
-    """Optimizer steps one batch of rollouts makes: ``num_iterations`` x ``mini_batches``."""
-    return int(module.get("num_iterations", 1)) * int(module.get("mini_batches", 1))
-
-
 def build(cfg: DictConfig) -> tuple[L.Trainer, TandemGRPO, PromptDataModule, StopOnSignal]:
     """Everything ``fit`` needs, from a validated config."""
     out = Path(cfg.output_dir)
@@ -109,8 +104,8 @@ def build(cfg: DictConfig) -> tuple[L.Trainer, TandemGRPO, PromptDataModule, Sto
         # every checkpoint is whole or absent, with its checksum beside it
         plugins=[AtomicCheckpointIO()],
         default_root_dir=str(out),
-        # Lightning counts batches; every_n_steps counts optimizer steps, as checkpoints do
-        val_check_interval=cfg.validation.every_n_steps // steps_per_batch(cfg.module),
+        # a training step is one batch of rollouts, whatever optimizer steps it makes
+        val_check_interval=cfg.validation.every_n_steps,
         check_val_every_n_epoch=None,
     )
     return trainer, module, data, stop

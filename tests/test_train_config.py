@@ -115,9 +115,24 @@ def test_the_readme_sweep_composes_for_every_sampler() -> None:
             validate_train_config(train_config(f"sampler={sampler}", f"sampler.p={p}"))
 
 
-@pytest.mark.parametrize("trainer", ["gpu", "ddp", "fsdp", "fsdp_gpu"])
+# the CPU trainers compute in float32: a bfloat16 senior asks for bfloat16 compute
+BF16_COMPUTE = {
+    "gpu": [],
+    "ddp": ["trainer.precision=bf16-mixed"],
+    "fsdp": ["trainer.strategy.param_dtype=bfloat16"],
+    "fsdp_gpu": [],
+}
+
+
+@pytest.mark.parametrize("trainer", sorted(BF16_COMPUTE))
 def test_paper_scale_configs_compose(trainer: str, hub_online: None) -> None:
-    cfg = train_config("model=qwen3_4b", "data=deepscaler", f"trainer={trainer}", "experiment=trl")
+    cfg = train_config(
+        "model=qwen3_4b",
+        "data=deepscaler",
+        f"trainer={trainer}",
+        "experiment=trl",
+        *BF16_COMPUTE[trainer],
+    )
     validate_train_config(cfg, world_size=2 if trainer != "gpu" else 1)
     assert cfg.model.name_or_path == "Qwen/Qwen3-4B-Instruct-2507"
     assert cfg.data.holdout > 0
@@ -209,7 +224,11 @@ def test_a_group_of_one_is_refused_with_the_reason() -> None:
         ("checkpoint_every_n_steps=0", "checkpoint_every_n_steps (0) must be an integer >= 1"),
         ("validation.size=0", "validation.size (0) must be an integer >= 1, or null"),
         ("validation.every_n_steps=0", "validation.every_n_steps (0) must be an integer >= 1"),
-        ("module.mini_batches=3", "validation.every_n_steps (20) must be a multiple of"),
+        (
+            "module.max_tokens_per_micro_batch=0",
+            "module.max_tokens_per_micro_batch (0) must be an integer >= 1",
+        ),
+        ("module.logprob_chunk_tokens=0", "module.logprob_chunk_tokens (0) must be an integer"),
         ("validation.temperature=-1", "validation.temperature (-1) must be a number >= 0"),
         ("generation.temperature=0", "generation.temperature (0) must be a number > 0"),
         ("generation.top_p=1.5", "generation.top_p (1.5) must be in (0, 1]"),

@@ -4,7 +4,10 @@ Drift (KL to the base) and legibility (the junior's cross-entropy and overlap) c
 distributions at the positions of a text that was already written, so they need one forward
 pass per model over ``[prompt | response]``, not new sampling. Rows are left-padded prompts and
 right-padded responses (as ``Rollouts`` hold them); explicit positions count real tokens only,
-so padding never shifts a row. Work runs in chunks of rows, each trimmed to its longest response.
+so padding never shifts a row. Work runs in chunks of rows, each trimmed to its longest response;
+the forward stops before the LM head (its last hidden states), and the logits are taken a window
+of about ``chunk_tokens`` positions at a time, so a 151k vocabulary never holds
+``[rows, 3,000 tokens, vocabulary]``.
 
 A junior of another vocabulary cannot be forced on the senior's tokens: ``junior_logprobs``
 re-tokenizes each row's prompt and response text into the junior's own tokens and forces it on
@@ -23,28 +26,33 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from tandem.modules.logprobs import CHUNK_TOKENS, head_swapped
+
 
 @dataclass(frozen=True)
 class Forced:
-    """One chunk of rows with every model's distributions at its response positions.
+    """A window of rows and response columns with every model's distributions at its positions.
 
     Attributes:
-        rows: which rows of the input this chunk holds.
+        rows: which rows of the input this window holds.
+        cols: which response columns (``tokens`` and ``mask`` are the input's at ``cols``).
         tokens: response ids.
         mask: real response tokens.
-        logits: one ``[n, T, V]`` tensor per model, in the order the models were given.
+        logits: one ``[n, t, V]`` tensor per model, in the order the models were given.
     """
 
     rows: Tensor  # [n] long
-    tokens: Tensor  # [n, T] long
-    mask: Tensor  # [n, T] bool
-    logits: list[Tensor]  # each [n, T, V]
+    cols: slice
+    tokens: Tensor  # [n, t] long
+    mask: Tensor  # [n, t] bool
+    logits: list[Tensor]  # each [n, t, V]
 
 
-def response_logits(
+def response_hidden(
     model: torch.nn.Module, prompt_tokens: Tensor, prompt_mask: Tensor, tokens: Tensor, mask: Tensor
 ) -> Tensor:
-    """``[N, T, V]`` logits predicting each response token from everything before it.
+    """``[N, T, H]`` the last hidden states that predict each response token (what the LM head
+    reads), so that the logits can be taken a window of positions at a time.
 
     Args:
         model: a Hugging Face causal LM.
@@ -57,11 +65,13 @@ def response_logits(
     ids = torch.cat([prompt_tokens, tokens], dim=1).to(device)  # [N, P+T]
     attention = torch.cat([prompt_mask, mask], dim=1).to(device).long()  # [N, P+T]
     positions = (attention.cumsum(dim=1) - 1).clamp(min=0)  # [N, P+T]
-    with torch.inference_mode():
-        logits = model(input_ids=ids, attention_mask=attention, position_ids=positions).logits
+    with torch.inference_mode(), head_swapped(model, torch.nn.Identity()):
+        hidden = model(
+            input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=False
+        ).logits
     p = prompt_tokens.shape[1]
-    # the logit at position i predicts token i+1: responses start after the last prompt token
-    return logits[:, p - 1 : -1]  # [N, T, V]
+    # the state at position i predicts token i+1: responses start after the last prompt token
+    return hidden[:, p - 1 : -1]  # [N, T, H]
 
 
 def forced_chunks(
@@ -71,8 +81,10 @@ def forced_chunks(
     tokens: Tensor,
     mask: Tensor,
     batch_size: int,
+    chunk_tokens: int = CHUNK_TOKENS,
 ) -> Iterator[Forced]:
-    """Teacher-force every model on the same rows, ``batch_size`` rows at a time.
+    """Teacher-force every model on the same rows, ``batch_size`` rows a forward, the logits of
+    at most about ``chunk_tokens`` positions at once (never ``[rows, tokens, vocabulary]``).
 
     Args:
         models: the models to compare (e.g. senior and junior); logits come back in this order,
@@ -80,6 +92,7 @@ def forced_chunks(
         prompt_tokens, prompt_mask: ``[N, P]`` left-padded prompts and their mask.
         tokens, mask: ``[N, T]`` right-padded responses and their mask.
         batch_size: rows per forward pass.
+        chunk_tokens: positions (rows x columns) whose logits are held at once.
     """
     assert batch_size >= 1, f"batch_size ({batch_size}) must be a positive number of rows"
     mask = mask.bool()
@@ -88,8 +101,14 @@ def forced_chunks(
         rows = torch.arange(lo, min(lo + batch_size, tokens.shape[0]))  # [n]
         t = max(1, int(lengths[rows].max()))
         chunk = (prompt_tokens[rows], prompt_mask[rows], tokens[rows, :t], mask[rows, :t])
-        logits = [response_logits(m, *chunk) for m in models]
-        yield Forced(rows, chunk[2], chunk[3], logits)
+        hidden = [response_hidden(m, *chunk) for m in models]  # each [n, t, H]
+        width = max(1, chunk_tokens // len(rows))
+        for c in range(0, t, width):
+            cols = slice(c, min(c + width, t))
+            with torch.inference_mode():
+                pairs = zip(models, hidden, strict=True)
+                logits = [m.get_output_embeddings()(h[:, cols]) for m, h in pairs]
+            yield Forced(rows, cols, chunk[2][:, cols], chunk[3][:, cols], logits)
 
 
 def junior_logprobs(
@@ -111,10 +130,9 @@ def junior_logprobs(
     tokens, mask = _pad(r_ids, left=False)  # [N, T']
     out = torch.zeros(tokens.shape)
     for chunk in forced_chunks([junior], prompt_tokens, prompt_mask, tokens, mask, batch_size):
-        t = chunk.tokens.shape[1]
-        logits = chunk.logits[0].float()  # [n, T, V]
+        logits = chunk.logits[0].float()  # [n, t, V]
         picked = logits.log_softmax(-1).gather(-1, chunk.tokens.to(logits.device)[..., None])
-        out[chunk.rows, :t] = torch.where(chunk.mask, picked.squeeze(-1).cpu(), 0.0)
+        out[chunk.rows, chunk.cols] = torch.where(chunk.mask, picked.squeeze(-1).cpu(), 0.0)
     return out, tokens, mask
 
 

@@ -247,10 +247,9 @@ class Evaluator:
             self.forcing_batch_size,
         )
         for chunk in chunks:
-            s, j = chunk.logits[0], chunk.logits[1].to(chunk.logits[0].device)  # [n, T, V]
-            t = chunk.tokens.shape[1]
+            s, j = chunk.logits[0], chunk.logits[1].to(chunk.logits[0].device)  # [n, t, V]
             # the senior's own tokens (all of them in solo rows)
-            mask = chunk.mask & (rollouts.authors.cpu()[chunk.rows, :t] == SENIOR)  # [n, T]
+            mask = chunk.mask & (rollouts.authors.cpu()[chunk.rows, chunk.cols] == SENIOR)
             metrics["drift/kl"].update(s, j, mask)
             metrics["legibility/overlap"].update(s, j, mask)
             tokens = chunk.tokens.to(j.device)[..., None]
@@ -267,7 +266,7 @@ class Evaluator:
             ]
             metrics["legibility/junior_ce_per_byte"].update(values["junior_logprobs"], sizes, mask)
             for k, v in values.items():
-                per_token[k][chunk.rows, :t] = torch.where(mask, v.cpu(), 0.0)
+                per_token[k][chunk.rows, chunk.cols] = torch.where(mask, v.cpu(), 0.0)
         return per_token
 
     def force_cross(
@@ -285,14 +284,10 @@ class Evaluator:
         models = [self.senior, self.base]
         args = (rollouts.prompt_tokens.cpu(), prompt_mask, rollouts.tokens.cpu())
         for chunk in forced_chunks(models, *args, rollouts.mask.cpu(), self.forcing_batch_size):
-            s, b = chunk.logits[0], chunk.logits[1].to(chunk.logits[0].device)  # [n, T, V]
-            mask = chunk.mask & (
-                rollouts.authors.cpu()[chunk.rows, : chunk.tokens.shape[1]] == SENIOR
-            )
+            s, b = chunk.logits[0], chunk.logits[1].to(chunk.logits[0].device)  # [n, t, V]
+            mask = chunk.mask & (rollouts.authors.cpu()[chunk.rows, chunk.cols] == SENIOR)
             metrics["drift/kl"].update(s, b, mask)
-            kl[chunk.rows, : chunk.tokens.shape[1]] = torch.where(
-                mask, kl_divergence(s, b).cpu(), 0.0
-            )
+            kl[chunk.rows, chunk.cols] = torch.where(mask, kl_divergence(s, b).cpu(), 0.0)
         if junior_prompts is None:  # a junior with no chat template: the senior's prompt text
             texts = [
                 self.tokenizer.decode(row[m].tolist())

@@ -20,7 +20,7 @@ from typing import Any
 import lightning as L
 import torch
 
-from tandem.modules.models import load_causal_lm, load_tokenizer
+from tandem.modules.models import DTYPES, load_causal_lm, load_tokenizer
 from tandem.modules.sharding import full_state_dict, is_sharded
 from tandem.runs.faults import fault_point
 from tandem.runs.signals import StopOnSignal
@@ -59,7 +59,14 @@ class ExportSenior(L.Callback):
         senior = pl_module.senior
         state = full_state_dict(senior) if is_sharded(senior) else None
         if trainer.global_rank == 0:
-            save_senior(senior, pl_module.tokenizer, self.folder, step, state_dict=state)
+            save_senior(
+                senior,
+                pl_module.tokenizer,
+                self.folder,
+                step,
+                state_dict=state,
+                dtype=pl_module.hparams.dtype,
+            )
             log.info("exported the senior of step %d to %s", step, self.folder)
 
 
@@ -69,15 +76,24 @@ def save_senior(
     folder: str | Path,
     step: int,
     state_dict: dict[str, torch.Tensor] | None = None,
+    dtype: str | None = None,
 ) -> Path:
     """Write ``model`` and ``tokenizer`` to ``folder`` atomically (a reader sees the old folder,
     or none, or the new one whole); returns the folder. ``state_dict``: the weights to write
-    instead of the model's own (a sharded model's, gathered whole)."""
+    instead of the model's own (a sharded model's, gathered whole). ``dtype``: the weights'
+    dtype in the folder (the run's ``model.dtype``: a senior trained on float32 master weights
+    is exported as it computes); None: as held."""
     folder = Path(folder)
     tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
     old = folder.with_name(f"{folder.name}.old-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
+    if dtype is not None:
+        state_dict = _cast(model.state_dict() if state_dict is None else state_dict, dtype)
     model.save_pretrained(tmp, state_dict=state_dict)
+    if dtype is not None:  # save_pretrained records the dtype of the model's own parameters
+        config = json.loads((tmp / "config.json").read_text())
+        config["dtype"] = dtype
+        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     fault_point("export", step)
     tokenizer.save_pretrained(tmp)
     files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
@@ -92,6 +108,22 @@ def save_senior(
     os.replace(tmp, folder)
     shutil.rmtree(old, ignore_errors=True)
     return folder
+
+
+def _cast(state: dict[str, torch.Tensor], dtype: str) -> dict[str, torch.Tensor]:
+    """``state``'s floating-point tensors in ``dtype``; tensors that shared storage (tied
+    embeddings) still share it, so that the folder holds them once."""
+    target, cast = DTYPES[dtype], {}
+    out = {}
+    for name, value in state.items():
+        if not value.is_floating_point():
+            out[name] = value
+            continue
+        key = (value.data_ptr(), value.shape, value.stride())
+        if key not in cast:
+            cast[key] = value.to(target)
+        out[name] = cast[key]
+    return out
 
 
 def check_senior(folder: str | Path) -> str | None:

@@ -22,7 +22,18 @@ trainer's senior (and junior, for a KL term) before the update, as verl does
 (``old_logprobs``). ``train/engine_logprob_gap`` logs the largest difference between the two.
 
 Optimisation is manual because one batch of rollouts may feed several optimizer steps
-(``num_iterations`` x ``mini_batches``); ``global_step`` counts optimizer steps.
+(``num_iterations`` x ``mini_batches``). A training step is one batch of rollouts, as the
+authors count it (verl's ``total_training_steps``, ``test_freq``, ``save_freq``): Lightning's
+``global_step``, and with it ``max_steps``, validation, checkpoints, the progress bar and the
+logs, counts batches; ``optimizer_steps`` (logged as ``train/optimizer_steps``) counts every
+optimizer step. Each mini-batch's gradient is accumulated over packed micro-batches under a
+token budget (``tandem.modules.logprobs``), and its log-probs never hold the vocabulary for more
+than a chunk of tokens.
+
+The senior is trained in float32 (its master weights, which AdamW updates: a 1e-6 step rounds
+away in bfloat16); where ``dtype`` is lower, the forward and backward compute in it through the
+trainer (``bf16-mixed`` autocast on one device, FSDP2's ``param_dtype`` when sharded), and the
+export writes it in ``dtype``.
 
 What this file leaves out: sampling (``tandem.engine``), the objective's algebra
 (``tandem.modules.loss``), and the metrics it logs (``tandem.metrics``, listed by the config).
@@ -47,20 +58,20 @@ from tandem.engine.cross import CrossRollouts
 from tandem.metrics.base import build_metrics, measure, values
 from tandem.metrics.per_byte import JuniorBytesCrossEntropy, byte_table
 from tandem.modules.checks import check_rollouts
-from tandem.modules.logprobs import sequence_logprobs
+from tandem.modules.logprobs import CHUNK_TOKENS, micro_batches, pack, packed_logprobs
 from tandem.modules.loss import (
     OLD_LOGPROB_SOURCES,
     LossConfig,
     group_advantages,
-    grpo_loss,
     zero_variance_groups,
 )
 from tandem.modules.models import load_causal_lm, load_tokenizer
 from tandem.modules.sharding import gathered
 from tandem.modules.stats import rollout_table
+from tandem.modules.update import UpdateBatch, accumulate
 from tandem.registry import REWARDS, SAMPLERS
 from tandem.runs.faults import fault_point
-from tandem.runs.resume import honour_optimizer_config
+from tandem.runs.resume import STEP_RECORD, honour_optimizer_config
 
 
 class TandemGRPO(L.LightningModule):
@@ -82,10 +93,18 @@ class TandemGRPO(L.LightningModule):
         max_grad_norm: clip the gradient's norm to this; None: no clipping.
         num_iterations: passes over each batch of rollouts.
         mini_batches: optimizer steps per pass (the rollouts are split into this many slices).
+        max_tokens_per_micro_batch: each mini-batch's rows are packed without padding into
+            micro-batches of at most this many tokens (prompt and response), their gradients
+            accumulated into the mini-batch's one optimizer step; None: one pack of them all.
+        logprob_chunk_tokens: positions that go through the LM head at once in every log-prob
+            pass (the logits held are at most this many tokens x the vocabulary).
         advantage: ``std`` or ``mean`` group normalisation.
         drop_equal_groups: give groups whose rewards are all equal no loss.
         mask_truncated: give responses cut at max_new_tokens no loss.
-        dtype: the senior's dtype.
+        dtype: the dtype the senior computes in and is exported in; its weights are held and
+            updated in float32 (``trainer.precision: bf16-mixed`` or FSDP2's ``param_dtype``
+            make the forward run in bfloat16; ``tandem.config`` refuses a bfloat16 dtype that
+            no trainer setting computes in).
         seed: with the step index, decides every sample and coin (so resume is exact).
         val_sampler: sampler of the tandem validation pass (None: the training one).
         val_temperature: temperature of validation sampling (0: greedy).
@@ -115,6 +134,8 @@ class TandemGRPO(L.LightningModule):
         max_grad_norm: float | None = 1.0,
         num_iterations: int = 1,
         mini_batches: int = 1,
+        max_tokens_per_micro_batch: int | None = None,
+        logprob_chunk_tokens: int = CHUNK_TOKENS,
         advantage: str = "std",
         drop_equal_groups: bool = False,
         mask_truncated: bool = False,
@@ -150,13 +171,17 @@ class TandemGRPO(L.LightningModule):
         self.solo_sampler = SAMPLERS.build("solo", tokenizer=self.tokenizer)
         self.reward = REWARDS.build(reward["name"], **_args(reward))
         self.backend = None  # built at the first rollout, once the junior is lent
-        self.weights_lag = 0  # optimizer steps the sampled weights are behind the senior
+        self.weights_lag = 0  # training steps the sampled weights are behind the senior
+        # every optimizer step; global_step counts batches of rollouts (training steps)
+        self.optimizer_steps = 0
 
     # -- model ---------------------------------------------------------------------------------
     def configure_model(self) -> None:
         # here, not in __init__, so that FSDP can shard the senior as it is created
         if self.senior is None:
-            self.senior = load_causal_lm(self.hparams.model, self.hparams.dtype)
+            # float32 master weights whatever dtype computes: AdamW's 1e-6 steps round away
+            # in bfloat16 (the trainer casts for the forward, the export writes dtype)
+            self.senior = load_causal_lm(self.hparams.model, "float32")
             self.senior.config.use_cache = True
             self.senior.train()  # from_pretrained returns eval mode; the senior is trained
             # a sharding strategy (trainer=fsdp) shards it here; the junior is never a submodule
@@ -181,10 +206,17 @@ class TandemGRPO(L.LightningModule):
         # stepped by hand in update(), once per optimizer step
         return {"optimizer": opt, "lr_scheduler": self.make_scheduler(opt)}
 
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # global_step counts batches of rollouts: the unit says so to a later resume
+        checkpoint[STEP_RECORD] = {"unit": "batch", "optimizer_steps": self.optimizer_steps}
+
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        record = checkpoint.get(STEP_RECORD) or {}
+        # a checkpoint of one optimizer step a batch counted the same either way
+        self.optimizer_steps = int(record.get("optimizer_steps", checkpoint.get("global_step", 0)))
         # Lightning restores the optimizer and the scheduler after this hook, with the lr and
-        # weight decay they were saved with: a resume that changed them must train with the new
-        # a sharding strategy has loaded the optimizer from its shards already
+        # weight decay they were saved with: a resume that changed them must train with the
+        # new. A sharding strategy has loaded the optimizer from its shards already
         strategy = self.trainer.strategy
         loaded = () if strategy.lightning_restore_optimizer else strategy.optimizers
         honour_optimizer_config(checkpoint, self.make_optimizer, self.make_scheduler, loaded)
@@ -313,56 +345,105 @@ class TandemGRPO(L.LightningModule):
     def update(
         self, rollouts: Rollouts, adv: Tensor, senior_mask: Tensor, junior_mask: Tensor
     ) -> dict[str, Tensor]:
-        """``num_iterations`` passes of ``mini_batches`` optimizer steps over the rollouts."""
+        """``num_iterations`` passes of ``mini_batches`` optimizer steps over the rollouts, each
+        mini-batch's gradient accumulated over packed micro-batches of at most
+        ``max_tokens_per_micro_batch`` tokens (the same gradient as one pass over them all)."""
         hp = self.hparams
         opt, sched = self.optimizers(), self.lr_schedulers()
-        n = rollouts.tokens.shape[0]
         ids, mask = rollouts.sequences()  # [N, P+T] each
         start = rollouts.prompt_tokens.shape[1]
-        slices = torch.arange(n).chunk(hp.mini_batches)
-        old, ref, gap = self.old_and_ref(rollouts, ids, mask, start, slices)  # [N, T] each
+        tokens = mask.sum(dim=1).cpu()  # [N] each row's real tokens
+        slices = torch.arange(rollouts.tokens.shape[0]).chunk(hp.mini_batches)
+        micros = [self.micro_batches(idx, tokens) for idx in slices]
+        old, ref, gap = self.old_and_ref(rollouts, ids, mask, start, micros)  # [N, T] each
+        batch = UpdateBatch(ids, mask, start, old, ref, adv, senior_mask, junior_mask)
+        steps = hp.num_iterations * len(slices)
         totals: dict[str, Tensor] = {}
-        for _ in range(hp.num_iterations):
-            for idx in slices:
-                logp = sequence_logprobs(  # [n, T]
-                    self.senior, ids[idx], mask[idx], start, self.loss_temperature
-                )
-                dev = logp.device
-                if gap is None:  # the engine's old log-probs, against the first slice's
-                    gap = _max_gap(logp.detach(), old[idx].to(dev), senior_mask[idx].to(dev))
-                loss, stats = grpo_loss(
-                    logp,
-                    old[idx].to(dev),
-                    None if ref is None else ref[idx].to(dev),
-                    adv[idx].to(dev),
-                    senior_mask[idx].to(dev),
-                    junior_mask[idx].to(dev),
+        for i in range(hp.num_iterations):
+            for k, (idx, parts) in enumerate(zip(slices, micros, strict=True)):
+                stats, logps = accumulate(
+                    self.senior,
+                    batch,
+                    idx,
+                    parts,
                     self.loss_cfg,
+                    self.loss_temperature,
+                    self.manual_backward,
+                    hp.logprob_chunk_tokens,
                 )
-                self.manual_backward(loss)
-                self.clip_gradients(
-                    opt, gradient_clip_val=hp.max_grad_norm, gradient_clip_algorithm="norm"
-                )
-                opt.step()
-                # freed as soon as the step has used them, not before the next backward: the
-                # next rollout then never holds them beside the gathered senior
-                opt.zero_grad(set_to_none=True)
+                if i == k == 0 and gap is None:  # the engine's, before any optimizer step
+                    gap = max(
+                        _max_gap(lp.cpu(), old[rows], senior_mask[rows])
+                        for lp, (rows, share) in zip(logps, parts, strict=True)
+                        if share
+                    )
+                for key, v in stats.items():
+                    totals[key] = totals.get(key, 0) + v / steps
+                last = i == hp.num_iterations - 1 and k == len(slices) - 1
+                self.optimizer_step(opt, last=last)
                 if sched is not None:
                     sched.step()
-                fault_point("update", self.global_step)
-                for k, v in stats.items():
-                    totals[k] = totals.get(k, 0) + v / (hp.num_iterations * len(slices))
         totals["engine_logprob_gap"] = gap
         return totals
 
+    def optimizer_step(self, opt: Any, last: bool) -> None:
+        """Clip and step, then free the gradients. Only a batch's last step goes through
+        Lightning's optimizer wrapper, which counts it: ``global_step`` counts batches of
+        rollouts (the authors' training steps); the others take the strategy's same path
+        uncounted, and ``optimizer_steps`` counts them all."""
+        hp = self.hparams
+        self.clip_gradients(opt, gradient_clip_val=hp.max_grad_norm, gradient_clip_algorithm="norm")
+        if last:
+            opt.step()
+        else:
+            self.trainer.strategy.optimizer_step(opt.optimizer, closure=_no_closure)
+        self.optimizer_steps += 1
+        # freed as soon as the step has used them, not before the next backward: the next
+        # rollout then never holds them beside the gathered senior
+        opt.zero_grad(set_to_none=True)
+        fault_point("update", self.optimizer_steps)
+
+    def micro_batches(self, rows: Tensor, tokens: Tensor) -> list[tuple[Tensor, float]]:
+        """``rows`` (one mini-batch) split into packs of at most ``max_tokens_per_micro_batch``
+        tokens, each with its share of the loss (1). Every rank makes as many forwards (DDP
+        and FSDP2 forwards and backwards are collectives): one with fewer packs than another
+        repeats its first with a share of 0."""
+        parts = [
+            rows[p] for p in micro_batches(tokens[rows], self.hparams.max_tokens_per_micro_batch)
+        ]
+        count = len(parts)
+        if self.trainer.world_size > 1:
+            most = torch.tensor(count, device=self.device)
+            count = int(self.trainer.strategy.reduce(most, reduce_op="max"))
+        return [(p, 1.0) for p in parts] + [(parts[0], 0.0)] * (count - len(parts))
+
+    def logprobs(
+        self,
+        model: torch.nn.Module,
+        ids: Tensor,
+        mask: Tensor,
+        start: int,
+        rows: Tensor,
+        temperatures: list[float],
+    ) -> list[Tensor]:
+        """``[len(rows), T]`` log-probs of ``rows``' response tokens under ``model``, one per
+        temperature, from one packed forward (as ``accumulate`` reads them)."""
+        packed = pack(ids[rows], mask[rows], start)
+        return packed_logprobs(model, packed, temperatures, self.hparams.logprob_chunk_tokens)
+
     def old_and_ref(
-        self, rollouts: Rollouts, ids: Tensor, mask: Tensor, start: int, slices: tuple[Tensor, ...]
+        self,
+        rollouts: Rollouts,
+        ids: Tensor,
+        mask: Tensor,
+        start: int,
+        micros: list[list[tuple[Tensor, float]]],
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """The loss's old and reference log-probs ``[N, T]``, and the engine-trainer gap.
 
-        From the engine, the gap is left ``None`` for ``update`` to measure on the first slice
-        (the only one seen before an optimizer step). From the trainer, each slice is read with
-        the shapes of its update, so that the first pass's ratio is exactly 1.
+        From the engine, the gap is left ``None`` for ``update`` to measure on the first
+        mini-batch (the only one seen before an optimizer step). From the trainer, each
+        micro-batch is read as its update reads it, so that the first pass's ratio is exactly 1.
         """
         t = self.loss_temperature
         if self.old_logprob_source() == "engine":
@@ -375,23 +456,26 @@ class TandemGRPO(L.LightningModule):
         # the engine's figure to compare with: at the loss temperature if it recorded that
         engine = rollouts.old_logprobs
         temps = [t] if engine is not None else [t, 1.0]
+        ref = rollouts.ref_logprobs
+        read_ref = ref is None and self.loss_cfg.kl_beta > 0 and self.junior is not None
+        shape = rollouts.tokens.shape
+        old, raw = torch.zeros(shape), torch.zeros(shape)
+        ref = torch.zeros(shape) if read_ref else ref
         with torch.no_grad():
-            per_slice = [
-                sequence_logprobs(self.senior, ids[idx], mask[idx], start, temps) for idx in slices
-            ]
-            old, *raw = (torch.cat(lps) for lps in zip(*per_slice, strict=True))  # [N, T] each
-            ref = rollouts.ref_logprobs
-            if ref is None and self.loss_cfg.kl_beta > 0 and self.junior is not None:
-                ref = torch.cat(
-                    [
-                        sequence_logprobs(self.junior, ids[idx], mask[idx], start, [t])[0]
-                        for idx in slices
-                    ]
-                )
+            for rows, share in (part for parts in micros for part in parts):
+                lps = self.logprobs(self.senior, ids, mask, start, rows, temps)
+                if read_ref:
+                    (ref_rows,) = self.logprobs(self.junior, ids, mask, start, rows, [t])
+                if not share:  # a repeat that keeps the ranks in step
+                    continue
+                old[rows] = lps[0].cpu()
+                raw[rows] = lps[-1].cpu()
+                if read_ref:
+                    ref[rows] = ref_rows.cpu()
         engine_lp = engine if engine is not None else rollouts.senior_logprobs
-        trainer_lp = old if engine is not None else raw[0]
-        senior = rollouts.senior_mask.to(old.device)
-        gap = _max_gap(trainer_lp, engine_lp.to(old.device), senior)
+        gap = _max_gap(
+            old if engine is not None else raw, engine_lp.cpu(), rollouts.senior_mask.cpu()
+        )
         return old, ref, gap
 
     def log_step(
@@ -412,6 +496,7 @@ class TandemGRPO(L.LightningModule):
             **self.measure("train", rollouts, rewards),
             **{f"train/{k}": v for k, v in stats.items()},
             "train/lr": torch.tensor(self.optimizers().param_groups[0]["lr"]),
+            "train/optimizer_steps": torch.tensor(float(self.optimizer_steps)),
             "train/weights_lag": torch.tensor(float(self.weights_lag)),
             **{f"time/{k}": torch.tensor(v) for k, v in seconds.items()},
             "time/step": torch.tensor(total),
@@ -434,8 +519,7 @@ class TandemGRPO(L.LightningModule):
                 batch_size=rewards.numel(),
             )
         every = self.hparams.rollout_log_every
-        per_batch = self.hparams.num_iterations * self.hparams.mini_batches
-        if every and self.global_rank == 0 and self.global_step % every < per_batch:
+        if every and self.global_rank == 0 and self.global_step % every == 0:
             self.log_rollout_texts(
                 rollout_table(rollouts, rewards, self.tokenizer, self.hparams.rollouts_to_log)
             )
@@ -493,6 +577,10 @@ class TandemGRPO(L.LightningModule):
         measure(metrics, authors=rollouts.authors.cpu(), rewards=rewards.float())
         out = {f"{prefix}/{k}": v.float() for k, v in values(metrics).items()}
         return {k: v for k, v in out.items() if not v.isnan()}
+
+
+def _no_closure() -> None:
+    """The closure of a manual optimizer step: the backward has run already."""
 
 
 def _args(spec: dict[str, Any]) -> dict[str, Any]:

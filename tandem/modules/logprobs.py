@@ -1,29 +1,173 @@
-"""Teacher-forced log-probs of rollout tokens under a model, for the policy update.
+"""Teacher-forced log-probs of rollout tokens under a model, packed and bounded in memory.
 
-The rollout carries its prompt as left-padded ids and its response as right-padded ids, so one
-forward over ``[prompt | response]`` with explicit positions reads every row correctly whatever
-its padding. Log-softmax runs in chunks of rows so that a 151k vocabulary does not hold a
-``[N, T, V]`` float32 tensor in memory at once.
+The rows of a rollout are packed without padding into one sequence ``[1, L]`` (each row its
+prompt's real tokens, then its response's), with positions restarting at every row, so that
+attention keeps the rows apart (transformers reads restarting ``position_ids`` with no
+``attention_mask`` as packed sequences: a block-diagonal causal mask, or varlen flash attention)
+and no layer spends anything on padding. ``micro_batches`` splits a mini-batch's rows into such
+packs of at most a token budget each, so that one forward's activations are bounded by the
+budget whatever the rows and their lengths (verl's dynamic batch size and remove-padding).
+
+The vocabulary is the other bound. Only the positions that predict a response token go through
+the LM head, and they go in chunks of ``chunk_tokens``: the model's own head is swapped for
+``_LogProbHead`` for the length of the forward, so the head runs inside the model's forward (a
+sharded model's head weight is gathered there) and returns log-probs, never logits. With
+gradients each chunk is recomputed in backward (``torch.utils.checkpoint``), so at most
+``[chunk_tokens, vocabulary]`` logits live at once in the forward or the backward: never
+``[rows, tokens, vocabulary]``.
 
 What this file leaves out: sampling (``tandem.engine``) and the loss (``tandem.modules.loss``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+# tokens per LM-head chunk: [1024, 151936] float32 logits are 0.6 GB
+CHUNK_TOKENS = 1024
+
+
+@dataclass(frozen=True)
+class Packed:
+    """Rows of ``[prompt | response]`` packed into one sequence, and where their targets are.
+
+    Attributes:
+        ids: ``[1, L]`` every real token of the rows, row after row.
+        positions: ``[1, L]`` each token's position in its own row.
+        where: ``[M]`` the packed positions whose next token is a response token.
+        targets: ``[M]`` that next token.
+        rows: ``[M]`` its row, counted within the pack.
+        cols: ``[M]`` its column in the response.
+        shape: ``(n, T)``: the pack's rows and the responses' width.
+    """
+
+    ids: Tensor  # [1, L] long
+    positions: Tensor  # [1, L] long
+    where: Tensor  # [M] long
+    targets: Tensor  # [M] long
+    rows: Tensor  # [M] long
+    cols: Tensor  # [M] long
+    shape: tuple[int, int]
+
+    @property
+    def tokens(self) -> int:
+        """``L``, what the forward reads."""
+        return self.ids.shape[1]
+
+    def scatter(self, values: Tensor) -> Tensor:
+        """``[M]`` values -> ``[n, T]`` on their device, 0 where the response is padding."""
+        index = (self.rows.to(values.device), self.cols.to(values.device))
+        return values.new_zeros(self.shape).index_put(index, values)
+
+
+def pack(ids: Tensor, mask: Tensor, response_start: int) -> Packed:
+    """Pack left-padded prompts followed by right-padded responses (``Rollouts.sequences()``).
+
+    Args:
+        ids: ``[n, P + T]`` token ids.
+        mask: ``[n, P + T]`` 1 on real tokens; every row has at least one real prompt token.
+        response_start: ``P``, where responses begin.
+    """
+    mask = mask.bool()
+    n, width = ids.shape
+    lengths = mask.sum(1)  # [n]
+    # the packed index of every real token, row after row, in order
+    index = torch.full((n, width), -1, dtype=torch.long, device=ids.device)
+    index[mask] = torch.arange(int(lengths.sum()), device=ids.device)
+    positions = (mask.cumsum(1) - 1)[mask]  # [L]
+    response = mask[:, response_start:]  # [n, T]
+    rows, cols = response.nonzero(as_tuple=True)  # [M] each
+    # the logit at a token's predecessor predicts it: the last prompt token for the first
+    where = index[rows, cols + response_start - 1]
+    return Packed(
+        ids=ids[mask].unsqueeze(0),
+        positions=positions.unsqueeze(0),
+        where=where,
+        targets=ids[rows, cols + response_start],
+        rows=rows,
+        cols=cols,
+        shape=(n, width - response_start),
+    )
+
+
+def micro_batches(tokens: Tensor, budget: int | None) -> list[Tensor]:
+    """Split rows into groups of at most ``budget`` tokens each (first fit, longest first).
+
+    Args:
+        tokens: ``[n]`` each row's real tokens (prompt and response).
+        budget: the most tokens a group may hold; a row longer than it gets a group of its own.
+            None: one group of every row.
+
+    Returns:
+        Row indices, one ``[k]`` tensor per group, each in increasing order.
+    """
+    n = tokens.shape[0]
+    if budget is None or n == 0:
+        return [torch.arange(n)]
+    groups: list[list[int]] = []
+    room: list[int] = []
+    for i in torch.argsort(tokens.cpu(), descending=True, stable=True).tolist():
+        size = int(tokens[i])
+        fit = next((g for g, r in enumerate(room) if r >= size), None)
+        if fit is None:
+            groups.append([i])
+            room.append(budget - size)
+        else:
+            groups[fit].append(i)
+            room[fit] -= size
+    return [torch.tensor(sorted(g), dtype=torch.long) for g in groups]
+
+
+def packed_logprobs(
+    model: nn.Module,
+    packed: Packed,
+    temperatures: Sequence[float],
+    chunk_tokens: int = CHUNK_TOKENS,
+) -> list[Tensor]:
+    """Each response token's log-prob, one ``[n, T]`` float32 tensor per temperature.
+
+    Differentiable when gradients are enabled (the LM head's chunks are recomputed in backward).
+
+    Args:
+        model: a Hugging Face causal LM whose forward passes the last hidden states to its
+            output embeddings (``get_output_embeddings``) and returns the result as ``logits``.
+        packed: the rows (``pack``).
+        temperatures: divide the logits before the softmax (1: the model's own distribution).
+        chunk_tokens: how many positions go through the LM head at once.
+    """
+    device = next(model.parameters()).device
+    head = _LogProbHead(
+        model.get_output_embeddings(),
+        packed.where.to(device),
+        packed.targets.to(device),
+        list(temperatures),
+        chunk_tokens,
+    )
+    with head_swapped(model, head):
+        # no cache: transformers reads restarting positions as packed rows only without one
+        out = model(
+            input_ids=packed.ids.to(device),
+            position_ids=packed.positions.to(device),
+            use_cache=False,
+        ).logits  # [len(temperatures), M]
+    return [packed.scatter(lp) for lp in out.unbind(0)]  # each [n, T]
 
 
 def sequence_logprobs(
-    model: torch.nn.Module,
+    model: nn.Module,
     ids: Tensor,
     mask: Tensor,
     response_start: int,
     temperature: float | Sequence[float] = 1.0,
+    chunk_tokens: int = CHUNK_TOKENS,
 ) -> Tensor | list[Tensor]:
-    """Log-prob of each response token given everything before it.
+    """Log-prob of each response token given everything before it, all rows in one pack.
 
     Args:
         model: a Hugging Face causal LM.
@@ -33,28 +177,84 @@ def sequence_logprobs(
         response_start: ``P``, where responses begin.
         temperature: divides the logits first (1: the model's own distribution). A sequence of
             temperatures gives one result each from the same forward pass.
+        chunk_tokens: positions per LM-head chunk.
 
     Returns:
         ``[N, T]`` float32 log-probs, 0 where the response is padding (a list of them, one per
         temperature, when ``temperature`` is a sequence).
     """
-    temps = [temperature] if isinstance(temperature, int | float) else list(temperature)
-    device = next(model.parameters()).device
-    ids, mask = ids.to(device), mask.to(device).long()  # [N, P+T]
-    # positions count real tokens only, so left padding does not shift the prompt
-    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)  # [N, P+T]
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits
-    # the logit at position i predicts token i+1: responses start after the last prompt token
-    logits = logits[:, response_start - 1 : -1]  # [N, T, V]
-    targets = ids[:, response_start:]  # [N, T]
-    outs = [torch.empty(targets.shape, dtype=torch.float32, device=device) for _ in temps]
-    rows = max(1, (1 << 24) // max(1, logits.shape[1] * logits.shape[2]))
-    for lo in range(0, targets.shape[0], rows):
-        chunk = logits[lo : lo + rows].float()  # [n, T, V]
-        picked_ids = targets[lo : lo + rows].unsqueeze(-1)  # [n, T, 1]
-        for out, t in zip(outs, temps, strict=True):
-            scaled = chunk if t == 1.0 else chunk / t
-            out[lo : lo + rows] = scaled.log_softmax(-1).gather(-1, picked_ids).squeeze(-1)
-    response_mask = mask[:, response_start:]
-    outs = [out * response_mask for out in outs]
-    return outs[0] if isinstance(temperature, int | float) else outs
+    single = isinstance(temperature, int | float)
+    temps = [float(temperature)] if single else [float(t) for t in temperature]
+    outs = packed_logprobs(model, pack(ids, mask, response_start), temps, chunk_tokens)
+    return outs[0] if single else outs
+
+
+class _LogProbHead(nn.Module):
+    """Stands in for a model's LM head for one forward: from the last hidden states ``[1, L, H]``
+    to the log-probs ``[len(temperatures), M]`` of the targets, ``chunk_tokens`` at a time."""
+
+    def __init__(
+        self,
+        head: nn.Module,
+        where: Tensor,
+        targets: Tensor,
+        temperatures: list[float],
+        chunk_tokens: int,
+    ) -> None:
+        super().__init__()
+        if chunk_tokens < 1:
+            raise ValueError(f"chunk_tokens ({chunk_tokens}) must be >= 1.")
+        # a plain attribute, not a submodule: the model's parameters stay where they were
+        self.__dict__["head"] = head
+        self.where, self.targets = where, targets
+        self.temperatures, self.chunk_tokens = temperatures, chunk_tokens
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        picked = hidden[0, self.where]  # [M, H]
+        grad = torch.is_grad_enabled()
+        parts = []
+        for lo in range(0, picked.shape[0], self.chunk_tokens):
+            args = (picked[lo : lo + self.chunk_tokens], self.targets[lo : lo + self.chunk_tokens])
+            if grad:  # keep only the chunk's hidden states; its logits are remade in backward
+                parts.append(checkpoint(self._chunk, *args, use_reentrant=False))
+            else:
+                parts.append(self._chunk(*args))
+        if not parts:
+            return hidden.new_zeros((len(self.temperatures), 0), dtype=torch.float32)
+        return torch.cat(parts, dim=1)  # [len(temperatures), M]
+
+    def _chunk(self, hidden: Tensor, targets: Tensor) -> Tensor:
+        logits = self.head(hidden).float()  # [c, V]
+        out = []
+        for t in self.temperatures:
+            scaled = logits if t == 1.0 else logits / t
+            # log p(target) = logit - logsumexp: no [c, V] log-softmax kept beside the logits
+            picked = scaled.gather(1, targets[:, None]).squeeze(1)
+            out.append(picked - scaled.logsumexp(dim=1))
+        return torch.stack(out)  # [len(temperatures), c]
+
+
+@contextmanager
+def head_swapped(model: nn.Module, head: nn.Module) -> Iterator[None]:
+    """``model``'s output embeddings replaced by ``head`` for the block (``nn.Identity``: its
+    forward returns the last hidden states as its ``logits``)."""
+    original = model.get_output_embeddings()
+    owner, name = _owner_of(model, original)
+    # on the owner, not through set_output_embeddings: that may re-tie weights
+    owner._modules[name] = head
+    try:
+        yield
+    finally:
+        owner._modules[name] = original
+
+
+def _owner_of(model: nn.Module, child: nn.Module) -> tuple[nn.Module, str]:
+    """The module holding ``child`` as an attribute, and that attribute's name."""
+    for owner in model.modules():
+        for name, module in owner._modules.items():
+            if module is child:
+                return owner, name
+    raise ValueError(
+        f"{type(model).__name__} has no output embeddings among its modules: its log-probs "
+        "cannot be taken through the LM head in chunks."
+    )

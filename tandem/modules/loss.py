@@ -101,18 +101,58 @@ class LossConfig:
             raise ValueError(f"loss constant ({self.constant}) must be > 0.")
 
 
+def token_weights(mask: Tensor, how: str, constant: float = 1.0) -> Tensor:
+    """``[N, T]`` the weight of each token of a batch in its aggregate: ``aggregate`` is
+    ``(values * token_weights).sum()``.
+
+    Taken over a whole mini-batch and sliced to its micro-batches, the weights make the sum of
+    the micro-batches' losses the mini-batch's loss exactly, whatever their sizes.
+    """
+    mask = mask.float()
+    if how == "token_mean":
+        return mask / mask.sum().clamp(min=1.0)
+    if how == "seq_mean_token_mean":
+        per_seq = mask.sum(dim=1, keepdim=True)  # [N, 1]
+        sequences = (per_seq > 0).sum().clamp(min=1)  # those with tokens
+        return mask / per_seq.clamp(min=1.0) / sequences
+    if how == "seq_sum_constant":
+        return mask / (constant * mask.shape[0])
+    raise ValueError(f"unknown aggregation {how!r}; expected one of {AGGREGATIONS}.")
+
+
 def aggregate(values: Tensor, mask: Tensor, how: str, constant: float = 1.0) -> Tensor:
     """Reduce per-token ``values [N, T]`` over ``mask [N, T]`` to a scalar, ``how`` as named."""
-    mask = mask.to(values.dtype)
-    if how == "token_mean":
-        return (values * mask).sum() / mask.sum().clamp(min=1.0)
-    if how == "seq_mean_token_mean":
-        per_seq = (values * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)  # [N]
-        has_tokens = (mask.sum(dim=1) > 0).to(values.dtype)  # [N]
-        return (per_seq * has_tokens).sum() / has_tokens.sum().clamp(min=1.0)
-    if how == "seq_sum_constant":
-        return (values * mask).sum() / (constant * values.shape[0])
-    raise ValueError(f"unknown aggregation {how!r}; expected one of {AGGREGATIONS}.")
+    return (values * token_weights(mask, how, constant).to(values.dtype)).sum()
+
+
+@dataclass(frozen=True)
+class LossWeights:
+    """Each token's weight in the loss's terms, taken over a whole mini-batch (``of``) and
+    sliced to a micro-batch's rows (``rows``).
+
+    Attributes:
+        senior: ``[n, T]`` in the policy and KL terms.
+        junior: ``[n, T]`` in the imitation term.
+        senior_tokens: the mini-batch's senior tokens (at least 1): the statistics' divisor.
+    """
+
+    senior: Tensor  # [n, T] float32
+    junior: Tensor  # [n, T] float32
+    senior_tokens: Tensor  # [] float32
+
+    @classmethod
+    def of(cls, senior_mask: Tensor, junior_mask: Tensor, cfg: LossConfig) -> LossWeights:
+        return cls(
+            token_weights(senior_mask, cfg.aggregation, cfg.constant),
+            token_weights(junior_mask, cfg.aggregation, cfg.constant),
+            senior_mask.float().sum().clamp(min=1.0),
+        )
+
+    def rows(self, index: Tensor) -> LossWeights:
+        return LossWeights(self.senior[index], self.junior[index], self.senior_tokens)
+
+    def to(self, device: torch.device) -> LossWeights:
+        return LossWeights(*(x.to(device) for x in (self.senior, self.junior, self.senior_tokens)))
 
 
 def kl_penalty(logp: Tensor, ref_logp: Tensor, estimator: str) -> Tensor:
@@ -133,6 +173,7 @@ def grpo_loss(
     senior_mask: Tensor,
     junior_mask: Tensor,
     cfg: LossConfig,
+    weights: LossWeights | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The loss to minimise and detached statistics.
 
@@ -144,19 +185,25 @@ def grpo_loss(
         senior_mask: ``[N, T]`` bool, tokens the senior wrote and that count.
         junior_mask: ``[N, T]`` bool, tokens the junior wrote and that count.
         cfg: the options.
+        weights: the tokens' weights when these rows are a micro-batch of a larger batch
+            (``LossWeights.of(...).rows(...)``): the loss and every statistic are then this
+            micro-batch's share, and summing them over the micro-batches gives the batch's.
+            None: taken over these rows.
     """
+    w = weights if weights is not None else LossWeights.of(senior_mask, junior_mask, cfg)
+    w = w.to(logp.device)
     log_ratio = (logp - old_logp).clamp(-20.0, 20.0)  # [N, T]
     ratio = torch.exp(log_ratio)  # [N, T]
     adv = advantages.unsqueeze(1)  # [N, 1]
     unclipped = ratio * adv
     clipped = ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high) * adv
     per_token = -torch.minimum(unclipped, clipped)  # [N, T]
-    loss = aggregate(per_token, senior_mask, cfg.aggregation, cfg.constant)
+    loss = (per_token * w.senior).sum()
     stats: dict[str, Tensor] = {"policy_loss": loss.detach()}
     with torch.no_grad():
         m = senior_mask.float()
-        stats["clip_fraction"] = ((unclipped != clipped).float() * m).sum() / m.sum().clamp(min=1)
-        stats["ratio_mean"] = (ratio * m).sum() / m.sum().clamp(min=1)
+        stats["clip_fraction"] = ((unclipped != clipped).float() * m).sum() / w.senior_tokens
+        stats["ratio_mean"] = (ratio * m).sum() / w.senior_tokens
     if ref_logp is None and cfg.kl_beta > 0:
         raise ValueError(
             f"loss kl_beta is {cfg.kl_beta} but the rollouts carry no junior log-probs to take "
@@ -164,13 +211,12 @@ def grpo_loss(
             "KL penalty)."
         )
     if ref_logp is not None:
-        kl = kl_penalty(logp, ref_logp, cfg.kl_estimator)  # [N, T]
-        kl_value = aggregate(kl, senior_mask, cfg.aggregation, cfg.constant)
+        kl_value = (kl_penalty(logp, ref_logp, cfg.kl_estimator) * w.senior).sum()
         stats["kl"] = kl_value.detach()
         if cfg.kl_beta > 0:
             loss = loss + cfg.kl_beta * kl_value
     if cfg.lambda_jun > 0:
-        imitation = aggregate(-logp, junior_mask, cfg.aggregation, cfg.constant)
+        imitation = (-logp * w.junior).sum()
         stats["junior_nll"] = imitation.detach()
         loss = loss + cfg.lambda_jun * imitation
     stats["loss"] = loss.detach()

@@ -39,6 +39,11 @@ HONOURED = (
     "module.optimizer.weight_decay",
     "module.scheduler",
     "module.max_grad_norm",
+    # how an update is split and chunked: the same gradient either way
+    "module.max_tokens_per_micro_batch",
+    "module.logprob_chunk_tokens",
+    # how a rollout is split to fit its memory: the same rollouts either way
+    "generation.kv_cache_gib",
     "module.rollouts_to_log",
     "module.rollout_log_every",
     "trainer.max_steps",
@@ -56,6 +61,8 @@ HONOURED = (
     "reward.workers",
 )
 CHOICES = ("refuse", "allow")
+# a checkpoint's record of what its global_step counts (``TandemGRPO.on_save_checkpoint``)
+STEP_RECORD = "tandem_steps"
 # an interpolation of another key of the config (not a resolver's, such as ${now:...})
 POINTER = re.compile(r"\$\{[\w.]+\}")
 
@@ -114,6 +121,21 @@ def check_resume(diff: dict[str, tuple[Any, Any]], allow: str) -> None:
     for k, (old, new) in diff.items():
         how = "honoured" if honoured(k) else "allowed by resume_changes=allow"
         log.warning("resume changes %s: %r -> %r (%s)", k, old, new, how)
+
+
+def check_step_unit(state: dict[str, Any], steps_per_batch: int, path: str) -> None:
+    """Refuse a checkpoint whose ``global_step`` counts optimizer steps (written before a
+    training step meant one batch of rollouts) where a batch makes more than one: its step,
+    its loops' counters and its schedule would all be read in the wrong unit."""
+    if STEP_RECORD in state or steps_per_batch == 1:
+        return  # one optimizer step a batch: both units count the same
+    raise RunRefused(
+        f"ckpt_path={path} was written when a training step meant one optimizer step; this run "
+        f"makes {steps_per_batch} a batch of rollouts (module.num_iterations x "
+        f"module.mini_batches) and counts batches, so its step {state.get('global_step')} "
+        "would be read in the wrong unit. Start it afresh under another run_name (or resume "
+        "it with the tandem release that wrote it)."
+    )
 
 
 def honoured(key: str) -> bool:

@@ -34,6 +34,7 @@ from tandem.runs.resume import (
     CHOICES,
     changes,
     check_resume,
+    check_step_unit,
     previous_config,
     save_start_config,
     start_config,
@@ -79,6 +80,11 @@ def begin(cfg: DictConfig) -> str | None:
             f"start ({ckpt_dir}): a fresh start would mix two runs in one folder. Resume it with "
             f"ckpt_path=last, or give this run another run_name."
         )
+    state = read_checkpoint(ckpt) if ckpt is not None else {}
+    module = cfg.get("module") or {}
+    per_batch = int(module.get("num_iterations", 1)) * int(module.get("mini_batches", 1))
+    if ckpt is not None:
+        check_step_unit(state, per_batch, ckpt)
     number, previous = previous_config(out)
     config = start_config(cfg)
     diff = changes(previous, config) if previous is not None else {}
@@ -88,7 +94,7 @@ def begin(cfg: DictConfig) -> str | None:
     write_hydra_record(cfg, out)
     record_start(
         out,
-        checkpoint_step(ckpt),
+        int(state.get("global_step", 0)),
         config=str(saved.relative_to(out)),
         changes={k: list(v) for k, v in diff.items()},
     )
@@ -136,14 +142,6 @@ def resolve_ckpt(ckpt_path: str | None, ckpt_dir: Path) -> str | None:
     if problem is not None:
         log.warning("ckpt_path=%s cannot be verified: %s; using it as given", ckpt_path, problem)
     return str(ckpt_path)
-
-
-def checkpoint_step(ckpt: str | None) -> int:
-    """The optimizer step a run resumes from (0 for a fresh start)."""
-    if ckpt is None:
-        return 0
-    state = read_checkpoint(ckpt)
-    return int(state.get("global_step", 0))
 
 
 def write_hydra_record(cfg: DictConfig, out: Path) -> None:

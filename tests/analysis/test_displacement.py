@@ -24,15 +24,21 @@ from tandem.modules.models import load_causal_lm
 
 
 class FixedLM(torch.nn.Module):
-    """A stand-in causal LM whose next-token logits are the same at every position."""
+    """A stand-in causal LM whose next-token logits are the same at every position: its last
+    hidden state is 1 everywhere, and its LM head maps that to the logits."""
 
     def __init__(self, logits: torch.Tensor) -> None:
         super().__init__()
-        self.logits = torch.nn.Parameter(logits.clone(), requires_grad=False)
+        self.head = torch.nn.Linear(1, logits.shape[0], bias=False)
+        with torch.no_grad():
+            self.head.weight.copy_(logits[:, None])
+        self.head.requires_grad_(False)
 
-    def forward(self, input_ids, attention_mask, position_ids):
-        shape = (*input_ids.shape, self.logits.shape[0])
-        return SimpleNamespace(logits=self.logits.expand(shape))
+    def get_output_embeddings(self) -> torch.nn.Module:
+        return self.head
+
+    def forward(self, input_ids, attention_mask, position_ids, use_cache):
+        return SimpleNamespace(logits=self.head(torch.ones(*input_ids.shape, 1)))
 
 
 def test_spearman_matches_hand_values_and_averages_ties() -> None:

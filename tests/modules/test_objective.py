@@ -9,10 +9,10 @@ import torch
 from test_train import config, metrics_rows
 from transformers import AutoModelForCausalLM
 
-import tandem.modules.grpo as grpo
+import tandem.modules.update as update
 from tandem.assets import TINY_WORLD
 from tandem.engine import SamplingParams, generate
-from tandem.modules.logprobs import sequence_logprobs
+from tandem.modules.logprobs import packed_logprobs, sequence_logprobs
 from tandem.modules.loss import LossConfig, grpo_loss
 from tandem.modules.models import load_tokenizer
 from tandem.registry import SAMPLERS
@@ -69,14 +69,19 @@ def test_engine_at_temperature_one_records_the_raw_logprobs(pair, tiny_tokenizer
 
 
 class Logits(torch.nn.Module):
-    """A 'model' whose logits are its parameter: gradients land on them directly."""
+    """A 'model' whose last hidden states are its parameter and whose LM head is the identity:
+    its logits are the parameter, and gradients land on them directly."""
 
     def __init__(self, logits: torch.Tensor) -> None:
         super().__init__()
         self.z = torch.nn.Parameter(logits.clone())  # [1, L, V]
+        self.head = torch.nn.Identity()
 
-    def forward(self, input_ids, attention_mask, position_ids):
-        return type("Out", (), {"logits": self.z})()
+    def get_output_embeddings(self) -> torch.nn.Module:
+        return self.head
+
+    def forward(self, input_ids, position_ids, use_cache):
+        return type("Out", (), {"logits": self.head(self.z)})()
 
 
 @pytest.mark.parametrize("temperature", [0.6, 1.0])
@@ -112,22 +117,22 @@ def test_first_pass_ratio_is_exactly_one_from_the_trainer(
     tmp_path: Path, monkeypatch, temperature: float
 ) -> None:
     seen = []
-    real = grpo.grpo_loss
+    real = update.grpo_loss
 
     def spy(logp, old_logp, *args):
         seen.append((logp.detach().clone(), old_logp.clone()))
         return real(logp, old_logp, *args)
 
     forced = []
-    real_forced = grpo.sequence_logprobs
+    real_forced = update.packed_logprobs
 
-    def spy_forced(model, ids, mask, start, temperature=1.0):
-        out = real_forced(model, ids, mask, start, temperature)
-        forced.append((ids, mask, start, out))
+    def spy_forced(model, packed, temperatures, chunk_tokens):
+        out = real_forced(model, packed, temperatures, chunk_tokens)
+        forced.append(packed)
         return out
 
-    monkeypatch.setattr(grpo, "grpo_loss", spy)
-    monkeypatch.setattr(grpo, "sequence_logprobs", spy_forced)
+    monkeypatch.setattr(update, "grpo_loss", spy)
+    monkeypatch.setattr(update, "packed_logprobs", spy_forced)
     run(
         config(
             tmp_path,
@@ -143,10 +148,9 @@ def test_first_pass_ratio_is_exactly_one_from_the_trainer(
     # the engine (float32, the trainer's own weights) agrees with the trainer
     assert 0.0 <= float(row["train/engine_logprob_gap"]) < 1e-4
     # the loss's log-probs are the base's at the sampling temperature, not the raw ones
-    ids, mask, start, _ = forced[-1]
     base = AutoModelForCausalLM.from_pretrained(TINY_WORLD)
     with torch.no_grad():
-        at_t, raw = sequence_logprobs(base, ids, mask, start, [temperature, 1.0])
+        at_t, raw = packed_logprobs(base, forced[-1], [temperature, 1.0])
     assert torch.allclose(logp, at_t, atol=1e-5)
     if temperature != 1.0:
         assert not torch.allclose(logp, raw, atol=1e-3)

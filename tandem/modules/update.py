@@ -1,0 +1,100 @@
+"""One mini-batch's gradient, accumulated over packed micro-batches.
+
+``accumulate`` is the body of every optimizer step of ``TandemGRPO.update``: for each micro-batch
+(rows packed without padding under a token budget, ``tandem.modules.logprobs.micro_batches``) one
+forward of the senior, its share of the mini-batch's loss (each token weighted as the whole
+mini-batch weighs it, ``LossWeights``) and one backward. The summed gradient is the one a single
+pass over the whole mini-batch would give, at any budget; a micro-batch with a share of 0 (a
+repeat that keeps the ranks of a distributed run in step) adds nothing.
+
+What this file leaves out: the optimizer step, the schedule of passes and mini-batches
+(``tandem.modules.grpo``) and the objective's algebra (``tandem.modules.loss``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from torch import Tensor, nn
+
+from tandem.modules.logprobs import CHUNK_TOKENS, pack, packed_logprobs
+from tandem.modules.loss import LossConfig, LossWeights, grpo_loss
+
+
+@dataclass(frozen=True)
+class UpdateBatch:
+    """What the loss reads of a batch of rollouts, all rows aligned.
+
+    Attributes:
+        ids: ``[N, P + T]`` left-padded prompts then right-padded responses.
+        mask: ``[N, P + T]`` 1 on real tokens.
+        start: ``P``, where responses begin.
+        old: ``[N, T]`` the old log-probs of the ratio.
+        ref: ``[N, T]`` the reference's (the junior's) log-probs, or None without a KL term.
+        advantages: ``[N]``.
+        senior_mask: ``[N, T]`` the tokens of the policy and KL terms.
+        junior_mask: ``[N, T]`` the tokens of the imitation term.
+    """
+
+    ids: Tensor  # [N, P+T] long
+    mask: Tensor  # [N, P+T] long
+    start: int
+    old: Tensor  # [N, T] float32
+    ref: Tensor | None  # [N, T] float32
+    advantages: Tensor  # [N] float32
+    senior_mask: Tensor  # [N, T] bool
+    junior_mask: Tensor  # [N, T] bool
+
+
+def accumulate(
+    model: nn.Module,
+    batch: UpdateBatch,
+    mini_batch: Tensor,
+    parts: list[tuple[Tensor, float]],
+    cfg: LossConfig,
+    temperature: float,
+    backward: Callable[[Tensor], None],
+    chunk_tokens: int = CHUNK_TOKENS,
+) -> tuple[dict[str, Tensor], list[Tensor]]:
+    """Backward the loss of the rows ``mini_batch`` over its micro-batches ``parts``.
+
+    Args:
+        model: the senior.
+        batch: the rollouts' tensors.
+        mini_batch: ``[n]`` the mini-batch's rows of ``batch``.
+        parts: ``(rows, share)`` per micro-batch: rows of ``batch`` (all in ``mini_batch``)
+            and the share of their loss to backward (1, or 0 for a repeat).
+        cfg: the objective.
+        temperature: the loss's log-prob temperature.
+        backward: called with each micro-batch's loss (``LightningModule.manual_backward``).
+        chunk_tokens: positions per LM-head chunk.
+
+    Returns:
+        The mini-batch's statistics (``grpo_loss``'s, summed over its micro-batches) and each
+        micro-batch's log-probs ``[len(rows), T]``, detached.
+    """
+    weights = LossWeights.of(batch.senior_mask[mini_batch], batch.junior_mask[mini_batch], cfg)
+    # where each row of the batch sits in the mini-batch
+    local = {int(r): i for i, r in enumerate(mini_batch.tolist())}
+    totals: dict[str, Tensor] = {}
+    seen = []
+    for rows, share in parts:
+        packed = pack(batch.ids[rows], batch.mask[rows], batch.start)
+        (logp,) = packed_logprobs(model, packed, [temperature], chunk_tokens)  # [n, T]
+        dev = logp.device
+        loss, stats = grpo_loss(
+            logp,
+            batch.old[rows].to(dev),
+            None if batch.ref is None else batch.ref[rows].to(dev),
+            batch.advantages[rows].to(dev),
+            batch.senior_mask[rows].to(dev),
+            batch.junior_mask[rows].to(dev),
+            cfg,
+            weights.rows(rows.new_tensor([local[int(r)] for r in rows.tolist()])),
+        )
+        backward(loss * share)
+        for key, value in stats.items():
+            totals[key] = totals.get(key, 0) + value * share
+        seen.append(logp.detach())
+    return totals, seen

@@ -1,6 +1,6 @@
 """Peak memory of one update: packed micro-batches under a token budget against one padded pass.
 
-Run: ``python benchmarks/update_memory.py [--budget 1024] [--chunk 256] [--sizes 4x128,8x192,16x256]``.
+Run: ``python benchmarks/update_memory.py [--budget 1024] [--chunk 256] [--sizes 4x128,...]``.
 
 On the Qwen3-shaped model of ``benchmarks/rollout.py`` (Qwen3's 151,936-wide vocabulary, a small
 body), each size ``rows x response tokens`` (with 32-token prompts) is one mini-batch whose

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import lightning as L
+import torch
 from lightning.fabric.utilities.load import _METADATA_FILENAME as METADATA
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
@@ -185,7 +186,7 @@ class StepCheckpoint(ModelCheckpoint):
 
     Args:
         dirpath: the run's checkpoint folder.
-        every_n_train_steps: the interval in optimizer steps.
+        every_n_train_steps: the interval in training steps (batches of rollouts).
         keep: how many step checkpoints to keep (the newest).
         stop: the run's signal handler; it decides at each step's end whether the run stops.
     """
@@ -207,6 +208,30 @@ class StepCheckpoint(ModelCheckpoint):
             enable_version_counter=False,
         )
         self.stop = stop
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        # the state was saved before its own checkpoint joined the newest `keep`: without the
+        # files on disk, the one resumed from would never be deleted, one more at each resume
+        found = {
+            str(p): torch.tensor(float(STEP.match(p.name)[1]))
+            for p in step_checkpoints(self.dirpath)
+        }
+        if found:
+            self.best_k_models = found
+            self.kth_best_model_path = min(found, key=lambda k: float(found[k]))
+            self.kth_value = found[self.kth_best_model_path]
+            self.best_model_path = max(found, key=lambda k: float(found[k]))
+            self.best_model_score = found[self.best_model_path]
+
+    def _should_remove_checkpoint(self, trainer: L.Trainer, previous: str, current: str) -> bool:
+        # Lightning never deletes the file a run resumed from; a step checkpoint of this run's
+        # own folder falls out of the newest `keep` like any other (it was read in full at
+        # the start, and a newer one is whole on disk before an older one goes)
+        own = Path(previous).parent.absolute() == Path(self.dirpath).absolute()
+        if own and STEP.match(Path(previous).name) and previous != current:
+            return True
+        return super()._should_remove_checkpoint(trainer, previous, current)
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
         super().on_train_batch_end(trainer, *args, **kwargs)

@@ -125,6 +125,13 @@ def resolve_ckpt(ckpt_path: str | None, ckpt_dir: Path) -> str | None:
         found = newest_verified(ckpt_dir)
         legacy = ckpt_dir / "last.ckpt"
         if found is None and legacy.is_file() and not legacy.is_symlink():
+            # a run shorter than checkpoint_every_n_steps leaves its end in last.ckpt alone
+            problem = verify(legacy)
+            if problem is None:
+                log.info("resuming from %s", legacy)
+                return str(legacy)
+            if Path(f"{legacy}.sha256").is_file():
+                raise RunRefused(f"ckpt_path=last: {problem}. Give another checkpoint.")
             raise RunRefused(
                 f"ckpt_path=last: {legacy} was written without a checksum (by an older tandem), "
                 f"so it cannot be verified. Pass ckpt_path={legacy} to resume from it anyway."

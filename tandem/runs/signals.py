@@ -47,6 +47,9 @@ class StopOnSignal(L.Callback):
         if trainer.strategy.reduce_boolean_decision(self.signum is not None, all=False):
             self.stopping = True
             trainer.should_stop = True
+            # Lightning validates on a requested stop (for early stopping), which would cost a
+            # whole validation pass and write a best-*.ckpt: a stop saves its step, nothing more
+            trainer.limit_val_batches = 0
             log.warning(
                 "stopping at step %d on %s: saving a checkpoint",
                 trainer.global_step,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tandem.runs.checkpoints import newest_verified, step_checkpoints
-from tests.modules.test_train import cli
+from tests.modules.test_train import cli, metrics_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 LONG = ["validation.every_n_steps=1000", "threads=1", "trainer.max_steps=500"]
@@ -56,6 +56,9 @@ def test_a_signal_stops_at_the_step_boundary_after_a_checkpoint(tmp_path: Path, 
     stopped_at = int(stderr.rsplit("at step ", 1)[1].split(",")[0])
     assert newest.name == f"step-{stopped_at}.ckpt" and stopped_at >= 2
     assert not (tmp_path / "senior").exists(), "a stopped run is not finished: no export"
+    # nothing it was not asked for: no validation pass, no best checkpoint
+    assert not list((tmp_path / "checkpoints").glob("best-*.ckpt"))
+    assert not [r for r in metrics_rows(tmp_path) if r.get("val/tandem/accuracy")]
     # a step takes well under a second or two here; allow for a busy machine
     assert seconds < 30, f"stopped {seconds:.0f} s after the signal"
 

@@ -1,0 +1,117 @@
+"""A memory plan before anything loads: every byte each device holds in every phase of a
+training step, from the models' ``config.json`` and the composed config alone.
+
+``python -m tandem.plan --config-name reproduce_paper --devices 2x80`` prints the plan;
+``check_plan(cfg, world_size)`` is what a run calls at its start: it returns the plan, or raises
+``PlanError`` (a ``ConfigError``: ``tandem.train`` refuses the start with exit status 2) naming
+the fullest device, its peak, and the overrides that would make the run fit.
+
+Layout: ``shape`` (a model's sizes from its config, on the meta device), ``settings`` (the keys
+that decide memory), ``memory`` (the formulas, phase by phase), ``fixes`` (what would fit),
+``report`` (the table and the JSON line).
+
+Imports stay light (no Lightning, no model code until a shape is read), so a plan takes seconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from omegaconf import DictConfig
+
+from tandem.errors import ConfigError
+from tandem.plan.fixes import find_fixes
+from tandem.plan.memory import MARGIN, DevicePlan, Fix, GiB, Plan, plan_memory
+from tandem.plan.settings import Settings
+from tandem.plan.shape import ModelShape, model_shape
+
+__all__ = [
+    "MARGIN",
+    "DevicePlan",
+    "Fix",
+    "GiB",
+    "ModelShape",
+    "Plan",
+    "PlanError",
+    "Settings",
+    "check_plan",
+    "local_devices",
+    "make_plan",
+    "model_shape",
+    "plan_memory",
+]
+
+
+class PlanError(ConfigError):
+    """A run whose plan does not fit its devices; ``plan`` holds every figure."""
+
+    def __init__(self, message: str, plan: Plan) -> None:
+        super().__init__(message)
+        self.plan = plan
+
+
+def local_devices(accelerator: str) -> tuple[tuple[str, int], ...]:
+    """This machine's devices as ``(name, bytes)``: the GPUs' total memory, or the host's."""
+    import torch
+
+    if accelerator == "gpu" and torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        return tuple(
+            (f"cuda:{i}", torch.cuda.get_device_properties(i).total_memory) for i in range(count)
+        )
+    import psutil
+
+    return (("cpu", psutil.virtual_memory().total),)
+
+
+def make_plan(
+    cfg: DictConfig,
+    world_size: int | None = None,
+    devices: Sequence[tuple[str, int]] | None = None,
+    fixes: bool = True,
+) -> Plan:
+    """The plan of a composed training config.
+
+    Args:
+        cfg: the config, as ``tandem.train`` composes it.
+        world_size: processes in all (None: ``trainer.devices`` x ``trainer.num_nodes``, with
+            ``devices: auto`` as many as the devices given).
+        devices: ``(name, bytes)`` of one machine's devices (None: this machine's).
+        fixes: for a plan that does not fit, also find the overrides that would.
+    """
+    if world_size is None:
+        world_size = _world_size(cfg, None if devices is None else len(devices))
+    s = Settings.from_config(cfg, world_size)
+    devices = tuple(devices) if devices is not None else local_devices(s.accelerator)
+    plan = plan_memory(s, devices)
+    if fixes and not plan.fits:
+        alone, together = find_fixes(s, devices)
+        plan = replace(plan, fixes=alone, together=together)
+    return plan
+
+
+def check_plan(
+    cfg: DictConfig, world_size: int, devices: Sequence[tuple[str, int]] | None = None
+) -> Plan:
+    """The plan of a run about to start on this machine's devices (or ``devices``); raises
+    ``PlanError`` when it does not fit, with the figures and the overrides that would fit."""
+    from tandem.plan.report import refusal
+
+    plan = make_plan(cfg, world_size, devices)
+    if not plan.fits:
+        raise PlanError(refusal(plan), plan)
+    return plan
+
+
+def _world_size(cfg: DictConfig, given: int | None) -> int:
+    trainer: Any = cfg.get("trainer") or {}
+    devices = trainer.get("devices", 1)
+    nodes = int(trainer.get("num_nodes", 1) or 1)
+    if isinstance(devices, int) and devices > 0:
+        return devices * nodes
+    if isinstance(devices, Sequence) and not isinstance(devices, str):
+        return len(devices) * nodes
+    gpu = trainer.get("accelerator") in ("gpu", "cuda", "auto")
+    return (given if given and gpu else 1) * nodes

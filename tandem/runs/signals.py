@@ -18,9 +18,10 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
 from types import FrameType
-from typing import Any
+from typing import Any, TextIO
 
 import lightning as L
 
@@ -41,6 +42,9 @@ class StopOnSignal(L.Callback):
         if threading.current_thread() is threading.main_thread():
             for signum in SIGNALS:
                 signal.signal(signum, self._handle)
+        # before the progress bar opens its stream: a reader that went away (Ctrl-C under
+        # `| tee log` ends tee too) must not stop the checkpoint the signal asked for
+        sys.stdout, sys.stderr = Unbroken.wrap(sys.stdout), Unbroken.wrap(sys.stderr)
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
         # a collective: every rank stops at the same step even if only one was signalled
@@ -72,3 +76,34 @@ class StopOnSignal(L.Callback):
     def exit_code(self) -> int:
         """128 + the signal that stopped the run (SIGTERM where another rank was signalled)."""
         return 128 + int(self.signum or signal.SIGTERM)
+
+
+class Unbroken:
+    """A text stream whose writes stop, silently, once its reader has gone (a broken pipe):
+    what would have been shown is lost, the run goes on."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self.broken = False
+
+    @classmethod
+    def wrap(cls, stream: TextIO) -> TextIO:
+        return stream if isinstance(stream, cls) or stream is None else cls(stream)
+
+    def write(self, text: str) -> int:
+        if not self.broken:
+            try:
+                return self._stream.write(text)
+            except (BrokenPipeError, ValueError):  # ValueError: the stream was closed
+                self.broken = True
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.broken:
+            try:
+                self._stream.flush()
+            except (BrokenPipeError, ValueError):
+                self.broken = True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)

@@ -63,6 +63,23 @@ def test_a_signal_stops_at_the_step_boundary_after_a_checkpoint(tmp_path: Path, 
     assert seconds < 30, f"stopped {seconds:.0f} s after the signal"
 
 
+def test_a_reader_gone_from_the_pipe_does_not_stop_the_checkpoint(tmp_path: Path) -> None:
+    # `python -m tandem.train | tee log`, then Ctrl-C: tee ends too, and the run writes its
+    # progress bar, warnings and last line into a pipe with no reader
+    proc = launch(tmp_path, "checkpoint_every_n_steps=1000", "trainer.enable_progress_bar=true")
+    deadline = time.time() + 300
+    while time.time() < deadline and not list((tmp_path / "csv").glob("version_*/metrics.csv")):
+        time.sleep(0.1)
+    time.sleep(2)  # a step or more under way
+    proc.stdout.close()
+    proc.stderr.close()
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=120)
+    assert proc.returncode == 130
+    newest = newest_verified(tmp_path / "checkpoints")
+    assert newest is not None and newest.name.startswith("step-")
+
+
 @pytest.mark.slow
 def test_a_second_signal_stops_at_once(tmp_path: Path) -> None:
     proc = launch(tmp_path, "checkpoint_every_n_steps=1", "generation.max_new_tokens=160")

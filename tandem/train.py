@@ -40,10 +40,12 @@ from tandem.modules.grpo import TandemGRPO
 from tandem.modules.junior import JuniorCallback
 from tandem.modules.models import context_length, load_tokenizer
 from tandem.modules.progress import StepProgressBar
+from tandem.plan import check_plan
+from tandem.plan.report import summary, table
 from tandem.runs import RunInterrupted, RunStopped
 from tandem.runs.checkpoints import AtomicCheckpointIO, StepCheckpoint
 from tandem.runs.signals import StopOnSignal
-from tandem.runs.start import begin, hold_folder
+from tandem.runs.start import begin, hold_folder, is_launcher
 
 log = logging.getLogger(__name__)
 
@@ -115,8 +117,13 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     """Validate, build and fit; returns the final logged metrics. Raises ``RunRefused`` for a
     start that is refused, ``RunInterrupted`` when a signal stopped the run."""
     validate_train_config(cfg, world_size(cfg))
+    # every byte each device will hold, from config.json alone: a run that cannot fit is
+    # refused here (PlanError, exit 2), not by an out-of-memory error hours in
+    plan = check_plan(cfg, world_size(cfg))
+    if is_launcher():
+        log.info("%s", table(plan))
     with hold_folder(cfg):
-        ckpt = begin(cfg)
+        ckpt = begin(cfg, plan=summary(plan))
         if cfg.get("threads"):
             torch.set_num_threads(cfg.threads)
         L.seed_everything(cfg.seed, workers=True)

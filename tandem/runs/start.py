@@ -17,6 +17,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -60,8 +61,9 @@ def hold_folder(cfg: DictConfig) -> Iterator[None]:
         yield
 
 
-def begin(cfg: DictConfig) -> str | None:
+def begin(cfg: DictConfig, **record: Any) -> str | None:
     """Prepare and record this start; returns the checkpoint to resume from (None: afresh).
+    ``record``: more to write into this start's entry of ``run_info.json`` (its memory plan).
 
     Raises ``RunRefused`` for a start that would betray the folder: no checkpoint verifies, a
     fresh start over an earlier start's checkpoints, or a resume that changes what the
@@ -97,6 +99,7 @@ def begin(cfg: DictConfig) -> str | None:
         int(state.get("global_step", 0)),
         config=str(saved.relative_to(out)),
         changes={k: list(v) for k, v in diff.items()},
+        **record,
     )
     return ckpt
 

@@ -1,0 +1,38 @@
+"""Every start prints its memory plan and records it in ``run_info.json``; a run that cannot fit
+its devices is refused (exit 2) before any model loads, with the figures and the keys to change."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from tandem.train import run
+from tests.modules.test_train import cli, config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_start_records_its_plan(tmp_path: Path) -> None:
+    run(config(tmp_path, "trainer.max_steps=1"))
+    (start,) = json.loads((tmp_path / "run_info.json").read_text())["starts"]
+    plan = start["plan"]
+    assert plan["fits"] is True and 0 < plan["peak_gib"] < plan["devices"][0]["usable_gib"]
+    assert plan["devices"][0]["phases"]["update"]["gradients"] > 0
+
+
+def test_a_run_that_cannot_fit_is_refused_before_anything_loads(tmp_path: Path) -> None:
+    # 16,384 rows of 160 new tokens: a KV cache of hundreds of GiB on this machine
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    began = time.time()
+    result = subprocess.run(
+        cli(tmp_path, "batch_size=16384"), capture_output=True, text=True, env=env, timeout=300
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert "KV cache" in result.stderr and "generation.kv_cache_gib" in result.stderr
+    # refused before the folder was taken or any model read
+    assert not (tmp_path / "run_info.json").exists()
+    assert time.time() - began < 120

@@ -13,7 +13,7 @@ neither scored nor bad.
 
 Exit status: 0 when every non-blank line was scored; 1 when some lines were bad (the others are
 still scored and printed); 2 for a usage error or a file that cannot be read at all (one line on
-stderr, no traceback).
+stderr, no traceback), or one that holds no item at all.
 
 What this file leaves out: any option of the reward beyond the timeout and the worker count.
 """
@@ -111,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     items = read_items(args.file, data)
     for report in items.bad:
         print(report, file=sys.stderr)
+    if not items.responses and not items.bad:
+        # no accuracy to report: a 0.0000 would read as a verifier that rejected everything
+        print(f"error: {args.file} holds no items (no non-blank line)", file=sys.stderr)
+        return EXIT_USAGE
     with reward:
         verdicts = reward.verify(items.responses, items.golds)
     total = len(verdicts)

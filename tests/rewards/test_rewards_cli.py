@@ -67,3 +67,13 @@ def test_an_unreadable_file_is_one_line_and_exit_2(tmp_path, name):
     assert proc.stdout == ""
     assert len(proc.stderr.splitlines()) == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.startswith(f"error: cannot read {target}")
+
+
+@pytest.mark.parametrize("content", [b"", b"\n\n  \n"])
+def test_a_file_with_no_item_is_a_usage_error_not_an_accuracy(tmp_path, capsys, content):
+    path = tmp_path / "empty.jsonl"
+    path.write_bytes(content)
+    assert main([str(path), "--workers", "1"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "accuracy" not in err
+    assert err.strip() == f"error: {path} holds no items (no non-blank line)"

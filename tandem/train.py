@@ -42,8 +42,13 @@ from tandem.modules.models import context_length, load_tokenizer
 from tandem.modules.progress import StepProgressBar
 from tandem.plan import check_plan
 from tandem.plan.report import summary, table
-from tandem.runs import RunInterrupted, RunStopped
-from tandem.runs.checkpoints import AtomicCheckpointIO, StepCheckpoint
+from tandem.runs import DiskFull, RunInterrupted, RunStopped
+from tandem.runs.checkpoints import (
+    AtomicCheckpointIO,
+    StepCheckpoint,
+    disk_full_message,
+    out_of_space,
+)
 from tandem.runs.signals import StopOnSignal
 from tandem.runs.start import begin, hold_folder, is_launcher
 
@@ -130,7 +135,14 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         trainer, module, data, stop = build(cfg)
         if trainer.global_rank == 0:
             log.info("run folder %s; resume with: %s", cfg.output_dir, resume_hint(cfg))
-        trainer.fit(module, datamodule=data, ckpt_path=ckpt)
+        try:
+            trainer.fit(module, datamodule=data, ckpt_path=ckpt)
+        except (OSError, RuntimeError) as err:  # any other write of the run: the export, logs
+            full = out_of_space(err)
+            if full is None:
+                raise
+            folder = Path(full.filename).parent if full.filename else Path(cfg.output_dir)
+            raise DiskFull(disk_full_message(folder, None)) from None
     if stop.stopping:
         raise RunInterrupted(
             f"stopped by a signal at step {trainer.global_step}, its checkpoint saved; resume "

@@ -25,6 +25,12 @@ class RunRefused(RunStopped):
     """This start is refused (exit 2): a held folder, a change that breaks a resume, ..."""
 
 
+class DiskFull(RunStopped):
+    """A write of the run ran out of disk space (exit 1); what was written before is intact."""
+
+    exit_code = 1
+
+
 class RunInterrupted(RunStopped):
     """A signal stopped the run after its checkpoint was saved (exit 128 + the signal)."""
 

@@ -15,6 +15,7 @@ handling itself (``tandem.runs.signals``).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import os
@@ -29,7 +30,7 @@ from lightning.fabric.utilities.load import _METADATA_FILENAME as METADATA
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from tandem.runs import RunRefused
+from tandem.runs import DiskFull, RunRefused
 from tandem.runs.faults import fault_point
 from tandem.runs.signals import StopOnSignal
 
@@ -52,11 +53,17 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-        with tmp.open("wb") as f:
-            writer = _HashingWriter(f)
-            torch.save(checkpoint, writer)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with tmp.open("wb") as f:
+                writer = _HashingWriter(f)
+                torch.save(checkpoint, writer)
+                f.flush()
+                os.fsync(f.fileno())
+        except (OSError, RuntimeError) as err:  # torch's zip writer fails after the OSError
+            tmp.unlink(missing_ok=True)
+            if not out_of_space(err):
+                raise
+            raise DiskFull(disk_full_message(path.parent, _nbytes(checkpoint))) from None
         fault_point("checkpoint", int(checkpoint.get("global_step", -1)))
         _replace(path.with_name(path.name + ".sha256"), f"{writer.hexdigest()}  {path.name}\n")
         os.replace(tmp, path)
@@ -65,6 +72,42 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def remove_checkpoint(self, path: str | os.PathLike) -> None:
         super().remove_checkpoint(path)
         Path(f"{path}.sha256").unlink(missing_ok=True)
+
+
+def out_of_space(err: BaseException | None) -> OSError | None:
+    """The "no space left on device" error behind ``err`` (itself or what it was raised from
+    or while handling), or None."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+            return err
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def disk_full_message(folder: Path, needed: int | None) -> str:
+    """One line: where the disk filled, how much a write needs, what to do."""
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    free = shutil.disk_usage(folder).free
+    need = f"a checkpoint needs about {needed / 2**20:,.0f} MiB" if needed else "it needs more"
+    return (
+        f"no space left on the device of {folder}: {free / 2**20:,.0f} MiB free, {need}. "
+        "The checkpoints written before are intact: free some space (or lower "
+        "keep_checkpoints) and resume with ckpt_path=last."
+    )
+
+
+def _nbytes(value: Any) -> int:
+    """The bytes of the tensors in a checkpoint's nested dicts and lists."""
+    if isinstance(value, torch.Tensor):
+        return value.nelement() * value.element_size()
+    if isinstance(value, dict):
+        return sum(_nbytes(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(_nbytes(v) for v in value)
+    return 0
 
 
 def verify(path: str | Path) -> str | None:

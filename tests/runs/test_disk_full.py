@@ -28,7 +28,8 @@ def train(out: Path, *overrides: str) -> subprocess.CompletedProcess:
 def small_disk(tmp_path: Path):
     disk = tmp_path / "disk"
     disk.mkdir()
-    # a checkpoint of the tiny world is about 22 MiB: two fit in 80 MiB beside a 30 MiB filler, a third does not
+    # a checkpoint of the tiny world is about 22 MiB: two fit in 80 MiB beside a 30 MiB
+    # filler, a third does not
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=80m", "tmpfs", str(disk)])
     if mounted.returncode != 0:
         pytest.skip("cannot mount a tmpfs here (needs root)")

@@ -63,6 +63,11 @@ class SamplingParams:
         logprob_temperature: also record each token's log-prob with the logits divided by
             this (``Rollouts.old_logprobs`` / ``ref_logprobs``, the policy loss's inputs);
             ``None`` records only the raw ones.
+        kv_cache_gib: the most GiB the torch engine's KV caches (senior and junior together)
+            may reserve in one call: it generates whole prompt groups a chunk of rows at a
+            time to stay under it, with the same rollouts as one pass; ``None``: 90% of the
+            senior's device's free memory. The vLLM backend sizes its own cache
+            (``gpu_memory_utilization``) and ignores it.
     """
 
     max_new_tokens: int = 256
@@ -74,6 +79,7 @@ class SamplingParams:
     eos_token_ids: tuple[int, ...] | None = None
     context_limit: int | None = None
     logprob_temperature: float | None = None
+    kv_cache_gib: float | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -92,6 +98,10 @@ class SamplingParams:
         if self.logprob_temperature is not None and not self.logprob_temperature > 0:
             problems.append(
                 f"logprob_temperature ({self.logprob_temperature}) must be > 0 (None: raw only)"
+            )
+        if self.kv_cache_gib is not None and not self.kv_cache_gib > 0:
+            problems.append(
+                f"kv_cache_gib ({self.kv_cache_gib}) must be > 0 (None: a share of free memory)"
             )
         if problems:
             raise ValueError("invalid SamplingParams: " + "; ".join(problems) + ".")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import Tensor
 from transformers.cache_utils import DynamicCache
 
@@ -26,6 +27,15 @@ try:
     from transformers.cache_utils import DynamicLayer
 except ImportError:  # transformers < 4.56: caches have no layer objects
     DynamicLayer = None
+
+
+def kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int:
+    """The bytes one position's keys and values take in every layer of a model: layers x
+    key/value heads x head size x 2 x the bytes of ``dtype`` (147,456 for Qwen3-4B in bf16)."""
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    size = torch.empty((), dtype=dtype).element_size()
+    return config.num_hidden_layers * heads * head_dim * 2 * size
 
 
 def new_cache(model: Any, capacity: int) -> Any:

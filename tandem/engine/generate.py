@@ -40,6 +40,7 @@ to which ``generate`` hands such a pair), and scaled-out serving (a vLLM backend
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -47,6 +48,7 @@ import torch
 from torch import Tensor
 
 from tandem.engine.base import JUNIOR, PAD, SENIOR, Lockstep, Rollouts, SamplingParams, StopReason
+from tandem.engine.cache import kv_bytes_per_token
 from tandem.engine.cross import generate_cross, same_vocabulary
 from tandem.engine.draw import (
     Scores,
@@ -62,6 +64,8 @@ from tandem.engine.reader import Reader, move
 from tandem.samplers.base import Handoff, Sampler
 from tandem.samplers.solo import SoloSampler
 from tandem.samplers.word import WordSampler
+
+log = logging.getLogger(__name__)
 
 # Compact the batch once this fraction of its rows has finished.
 _COMPACT_FRACTION = 1 / 8
@@ -120,8 +124,16 @@ def generate(
     pad = _pad_id(senior, tokenizer, eos)
     ids, mask = _left_pad(prompts, pad)
     models = [senior] if junior is None else [senior, junior]
+    per_chunk = prompts_per_chunk(models, params, ids.shape[0], ids.shape[1], lockstep)
     with _eval_mode(models), torch.inference_mode():
-        out = _Loop(models, sampler, params, eos, pad, lockstep).run(ids, mask)
+        parts = []
+        for lo in range(0, ids.shape[0], per_chunk):
+            # every chunk draws the whole call's random numbers and keeps its own rows', so
+            # the rollouts are those of one pass over all rows
+            span = (lo * params.samples_per_prompt, ids.shape[0] * params.samples_per_prompt)
+            loop = _Loop(models, sampler, params, eos, pad, lockstep, span)
+            parts.append(loop.run(ids[lo : lo + per_chunk], mask[lo : lo + per_chunk]))
+        out = parts[0] if len(parts) == 1 else _join(parts, pad)
     # Clones made outside inference mode: training may save them for backward.
     out = {k: v.clone() if isinstance(v, Tensor) else v for k, v in out.items()}
     texts = None
@@ -129,6 +141,82 @@ def generate(
         rows = [row[:n].tolist() for row, n in zip(out["tokens"], out["lengths"], strict=True)]
         texts = tokenizer.batch_decode(rows, skip_special_tokens=True)
     return Rollouts(**out, pad_token_id=pad, texts=texts)
+
+
+def prompts_per_chunk(
+    models: list[Any], params: SamplingParams, prompts: int, width: int, lockstep: Any = None
+) -> int:
+    """How many prompts (of ``samples_per_prompt`` rows each, ``width`` prompt positions plus
+    ``max_new_tokens`` reserved per row) one pass may generate under ``params.kv_cache_gib``
+    (None: 90% of the senior's device's free memory). Processes in lockstep agree on the
+    number of chunks, so that each makes as many passes."""
+    per_row = (width + params.max_new_tokens) * sum(
+        kv_bytes_per_token(m.config, next(m.parameters()).dtype) for m in models
+    )
+    group = per_row * params.samples_per_prompt
+    budget = (
+        int(params.kv_cache_gib * 2**30)
+        if params.kv_cache_gib is not None
+        else int(0.9 * free_memory(next(models[0].parameters()).device))
+    )
+    if group > budget:
+        raise ValueError(
+            f"generation.kv_cache_gib ({params.kv_cache_gib}) holds {budget / 2**30:.2f} GiB of "
+            f"KV cache, but one prompt's {params.samples_per_prompt} rows of {width} + "
+            f"{params.max_new_tokens} positions need {group / 2**30:.2f} GiB. Raise "
+            "generation.kv_cache_gib, or lower generation.max_new_tokens or group_size."
+        )
+    fits = min(prompts, budget // group)
+    chunks = -(-prompts // fits)
+    if lockstep is not None:
+        chunks = lockstep(chunks)
+    if chunks > 1:
+        log.info(
+            "KV cache: %d rows in %d chunks of at most %d, under %.2f GiB",
+            prompts * params.samples_per_prompt,
+            chunks,
+            -(-prompts // chunks) * params.samples_per_prompt,
+            budget / 2**30,
+        )
+    return -(-prompts // chunks)
+
+
+def free_memory(device: torch.device) -> int:
+    """Bytes free on ``device`` now (the host's available memory for the CPU)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    import psutil
+
+    return psutil.virtual_memory().available
+
+
+def _join(parts: list[dict[str, Any]], pad: int) -> dict[str, Any]:
+    """The outputs of consecutive chunks of rows as one call's, padded to the widest."""
+    width = max(p["tokens"].shape[1] for p in parts)
+    fill = {"tokens": pad, "authors": PAD}
+    out: dict[str, Any] = {}
+    first = 0
+    for name, value in parts[0].items():
+        if value is None:
+            out[name] = None
+        elif name == "prompt_index":
+            pieces = []
+            for p in parts:
+                pieces.append(p[name] + first)
+                first += int(p[name].max()) + 1
+            out[name] = torch.cat(pieces)
+        elif name in ("lengths", "stop_reasons", "prompt_lengths", "prompt_tokens"):
+            out[name] = torch.cat([p[name] for p in parts])
+        else:  # [n, t] per chunk
+            out[name] = torch.cat(
+                [
+                    torch.nn.functional.pad(
+                        p[name], (0, width - p[name].shape[1]), value=fill.get(name, 0.0)
+                    )
+                    for p in parts
+                ]
+            )
+    return out
 
 
 def _cross(
@@ -166,6 +254,7 @@ class _Loop:
         eos: tuple[int, ...],
         pad: int,
         lockstep: Lockstep | None = None,
+        span: tuple[int, int] | None = None,
     ) -> None:
         # only the senior is sharded: the junior's forwards are this process's own
         self.readers = [Reader(models[0], lockstep), *(Reader(m) for m in models[1:])]
@@ -180,6 +269,15 @@ class _Loop:
         self.eos = torch.tensor(eos, dtype=torch.long, device=self.home)
         self.generator = torch.Generator().manual_seed(params.seed)
         self.coins = coin_generator(params.seed)
+        # (first row, rows in all) of the call this pass is a chunk of (None: all of it)
+        self.span = span
+
+    def _rand(self, rows: int, k: int | None, generator: torch.Generator) -> Tensor:
+        """``[rows, k]`` (``[rows]`` for ``k=None``) uniforms: this pass's rows' share of a
+        draw over every row of the call."""
+        first, total = self.span or (0, rows)
+        shape = (total,) if k is None else (total, k)
+        return torch.rand(shape, generator=generator)[first : first + rows]
 
     def run(self, ids: Tensor, mask: Tensor) -> dict[str, Any]:
         p, g = self.params, self.params.samples_per_prompt
@@ -193,7 +291,7 @@ class _Loop:
         self.buffers = [new_buffer(n, vocab, r.device) if fast(p) else None for r in self.readers]
         self.sampler.bind(vocab, home)
         context = ids[:, -1].repeat_interleave(g).to(home)  # [n]
-        self.handoff = self.sampler.start(context, torch.rand(n, generator=self.coins).to(home))
+        self.handoff = self.sampler.start(context, self._rand(n, None, self.coins).to(home))
         out = self._buffers(n, p.max_new_tokens)
         batch = _Batch(torch.arange(n, device=home), torch.ones(n, dtype=torch.bool, device=home))
         token = torch.full((n,), self.pad, device=home)  # [n] the last emitted token
@@ -241,8 +339,8 @@ class _Loop:
         """One token per batch row: its ``token [n]``, ``author [n]`` and log-probs."""
         scores = [score(x, self.params, b) for x, b in zip(logits, self.buffers, strict=True)]
         # drawn for every rollout row, dropped or not, so that a row's stream is its own
-        uniforms = batch.take(torch.rand(batch.everyone, 2, generator=self.generator).to(self.home))
-        coins = batch.take(torch.rand(batch.everyone, 2, generator=self.coins).to(self.home))
+        uniforms = batch.take(self._rand(batch.everyone, 2, self.generator).to(self.home))
+        coins = batch.take(self._rand(batch.everyone, 2, self.coins).to(self.home))
         # Finished rows still in the batch draw from the senior; their tokens are discarded.
         author = batch.where_live(self.handoff.author, SENIOR)  # [n]
         token = self._draw(scores, author, None, uniforms[:, 0])

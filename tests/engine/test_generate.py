@@ -265,11 +265,12 @@ def test_step_rounds_cap_ends_rows(senior, junior, prompts, tokenizer):
 
 
 class _OtherProcess:
-    """A ``Lockstep`` with a second process simulated: its prompts fill ``chunks`` prefill
-    chunks and its rows write ``steps + 1`` tokens; records what this process passes."""
+    """A ``Lockstep`` with a second process simulated: its rows fit its KV budget in one pass,
+    its prompts fill ``chunks`` prefill chunks and its rows write ``steps + 1`` tokens; records
+    what this process passes."""
 
     def __init__(self, chunks: int, steps: int) -> None:
-        self.values, self.passed = [chunks] + [1] * steps, []
+        self.values, self.passed = [1, chunks] + [1] * steps, []
 
     def __call__(self, value: int) -> int:
         self.passed.append(value)
@@ -304,5 +305,6 @@ def test_lockstep_keeps_stepping_the_senior_until_every_process_is_done(
     assert own <= 11 and counted_alone == {"senior": 1 + own, "junior": 1 + own}
     # the senior makes the other's 3 prefill forwards and 23 steps; the junior only its own
     assert forwards == {"senior": 3 + 23, "junior": 1 + own}
-    # one prefill chunk here, then "still writing" at each of its steps, then "done"
-    assert other.passed == [1] + [1] * own + [0] * (23 - own + 1)
+    # one pass under the KV budget and one prefill chunk here, then "still writing" at each of
+    # its steps, then "done"
+    assert other.passed == [1, 1] + [1] * own + [0] * (23 - own + 1)

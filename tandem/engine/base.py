@@ -63,11 +63,11 @@ class SamplingParams:
         logprob_temperature: also record each token's log-prob with the logits divided by
             this (``Rollouts.old_logprobs`` / ``ref_logprobs``, the policy loss's inputs);
             ``None`` records only the raw ones.
-        kv_cache_gib: the most GiB the torch engine's KV caches (senior and junior together)
-            may reserve in one call: it generates whole prompt groups a chunk of rows at a
-            time to stay under it, with the same rollouts as one pass; ``None``: 90% of the
-            senior's device's free memory. The vLLM backend sizes its own cache
-            (``gpu_memory_utilization``) and ignores it.
+        kv_cache_gib: the most GiB the torch engine's KV caches may hold in one call, per
+            device (senior and junior together where they share one): it generates whole
+            prompt groups a pass at a time to stay under it, with the rollouts of one pass
+            (``tandem.engine.budget``); ``None``: 90% of the memory free on each device when
+            the call starts. The vLLM backend sizes its own cache and ignores it.
     """
 
     max_new_tokens: int = 256

@@ -12,11 +12,21 @@ recognise (sliding-window or linear-attention layers, transformers versions whos
 one reserved cache, each chunk's keys right-aligned to the widest prompt as if the whole batch had
 been read at once, left-padded.
 
+Sizes: ``kv_bytes_per_token`` is the one count of a model's cache bytes per position (the engine's
+budget, ``tandem.engine.budget``, and the memory plan, ``tandem.plan``, both use it), and
+``kv_chunk_bytes`` / ``kv_chunk_rows`` what a batch of prompt groups holds at most. A reserved
+cache never holds more: its storage is reserved once per row for the prompt and every response
+token, repeating a prompt's rows (G samples) writes them straight into that storage, and
+dropping finished rows moves the kept ones within it. The only extra is each prompt's own keys,
+held once while the prefill hands them to the prompt's rows (and, while rows are dropped, a
+gather of one layer's kept rows).
+
 What this file leaves out: paged or static caches (no fixed batch, no compiled graphs).
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -29,13 +39,82 @@ except ImportError:  # transformers < 4.56: caches have no layer objects
     DynamicLayer = None
 
 
-def kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int:
-    """The bytes one position's keys and values take in every layer of a model: layers x
-    key/value heads x head size x 2 x the bytes of ``dtype`` (147,456 for Qwen3-4B in bf16)."""
-    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    size = torch.empty((), dtype=dtype).element_size()
-    return config.num_hidden_layers * heads * head_dim * 2 * size
+def kv_bytes_per_token(
+    config: Any, dtype: torch.dtype, value_dtype: torch.dtype | None = None
+) -> int:
+    """The bytes one position of one row takes in a model's KV cache, every layer's keys and
+    values: layers x KV heads x head_dim x (the bytes of ``dtype`` + those of ``value_dtype``).
+
+    Args:
+        config: the model's Hugging Face config (a multimodal one's text config is read);
+            ``head_dim`` defaults to ``hidden_size / num_attention_heads`` and
+            ``num_key_value_heads`` to ``num_attention_heads``.
+        dtype: the keys' dtype (``cache_dtypes`` gives a loaded model's).
+        value_dtype: the values', when it differs (``None``: ``dtype``).
+
+    Returns:
+        Bytes (147,456 for Qwen3-4B in bfloat16: 36 layers x 8 heads x 128 x 2 x 2).
+    """
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    values = value_dtype if value_dtype is not None else dtype
+    return text.num_hidden_layers * kv_heads * head_dim * (dtype.itemsize + values.itemsize)
+
+
+def cache_dtypes(model: Any) -> tuple[torch.dtype, torch.dtype]:
+    """The dtypes of the keys and of the values that ``model`` caches if it runs now.
+
+    The projections compute in the weights' dtype, or in the one FSDP2 gathers them in
+    (``param_dtype``), or under autocast in autocast's; the values keep it. The keys pass through
+    the rotary embedding (and Qwen3's ``k_norm``), whose float32 tables and weights promote them:
+    under bfloat16 autocast over float32 weights the keys are float32 and the values bfloat16.
+    Where a model keeps its keys narrower, this over-counts them (the safe side for a budget).
+    """
+    weight = model.get_input_embeddings().weight
+    dtype = weight.dtype
+    # FSDP2's MixedPrecisionPolicy: the weights are stored in one dtype and computed in another
+    with contextlib.suppress(AttributeError):
+        dtype = model._get_fsdp_state()._mp_policy.param_dtype or dtype
+    device = weight.device.type
+    if torch.is_autocast_enabled(device):
+        fast = torch.get_autocast_dtype(device)
+        return torch.promote_types(dtype, fast), fast
+    return dtype, dtype
+
+
+def kv_chunk_bytes(
+    bytes_per_token: int, prompts: int, samples_per_prompt: int, width: int, max_new_tokens: int
+) -> int:
+    """The most bytes the KV caches of ``prompts`` prompt groups hold in one pass.
+
+    Each of the ``prompts * samples_per_prompt`` rows reserves ``width + max_new_tokens``
+    positions (the left-padded prompts' width, and every response token), and each prompt's own
+    keys are held once more while the prefill repeats them into its rows.
+
+    Args:
+        bytes_per_token: ``kv_bytes_per_token`` summed over the models sharing the memory.
+        prompts: prompt groups in the pass.
+        samples_per_prompt: rows per prompt (G).
+        width: positions of the left-padded prompts.
+        max_new_tokens: response positions per row.
+    """
+    rows = prompts * samples_per_prompt
+    return bytes_per_token * (rows * (width + max_new_tokens) + prompts * width)
+
+
+def kv_chunk_rows(
+    budget_bytes: int,
+    bytes_per_token: int,
+    samples_per_prompt: int,
+    width: int,
+    max_new_tokens: int,
+) -> int:
+    """The most rows, in whole groups of ``samples_per_prompt``, whose KV caches fit in
+    ``budget_bytes`` (``kv_chunk_bytes``); 0 when not even one group fits."""
+    group = kv_chunk_bytes(bytes_per_token, 1, samples_per_prompt, width, max_new_tokens)
+    return max(0, int(budget_bytes)) // group * samples_per_prompt
 
 
 def new_cache(model: Any, capacity: int) -> Any:
@@ -49,6 +128,16 @@ def new_cache(model: Any, capacity: int) -> Any:
         return cache
     cache.layers = [ReservedLayer(capacity) for _ in layers]
     return cache
+
+
+def repeat_rows(cache: Any, repeats: int, capacity: int) -> None:
+    """Each row of ``cache`` ``repeats`` times, side by side (row ``i`` becomes rows
+    ``i * repeats ... i * repeats + repeats - 1``); a reserved cache's storage then holds
+    ``capacity`` positions per row."""
+    if reserved(cache):
+        for layer in cache.layers:
+            layer.capacity = capacity
+    cache.batch_repeat_interleave(repeats)
 
 
 def reserved(cache: Any) -> bool:
@@ -143,12 +232,34 @@ if DynamicLayer is not None:
             self.keys, self.values = keys[:, :, :width], values[:, :, :width]
 
         def batch_repeat_interleave(self, repeats: int) -> None:
-            super().batch_repeat_interleave(repeats)
-            self._storage = None  # the next write reserves storage for the new batch
+            """Each row ``repeats`` times, written straight into storage for ``capacity``
+            positions: no repeated copy of the prompt is made and then copied again."""
+            filled = self.get_seq_length()
+            if not filled:
+                return
+            size = max(self.capacity, filled)
+            pair = []
+            for t in (self.keys, self.values):  # [n, H, filled, d]
+                n, heads, _, dim = t.shape
+                storage = t.new_empty(n * repeats, heads, size, dim)
+                storage.view(n, repeats, heads, size, dim)[:, :, :, :filled] = t[:, None]
+                pair.append(storage)
+            self._storage = (pair[0], pair[1])
+            self.keys, self.values = pair[0][:, :, :filled], pair[1][:, :, :filled]
 
         def batch_select_indices(self, indices: Tensor) -> None:
-            super().batch_select_indices(indices)
-            self._storage = None
+            """Keep rows ``indices``, moved to the front of the same storage (which is kept: it
+            was reserved for these rows anyway, and the next pass frees it)."""
+            if self._storage is None:
+                super().batch_select_indices(indices)
+                return
+            filled, n = self.get_seq_length(), indices.shape[0]
+            keys, values = self._storage
+            for storage in (keys, values):
+                # the gather copies the kept rows out before any is overwritten
+                storage[:n, :, :filled] = storage[indices, :, :filled]
+            self._storage = (keys[:n], values[:n])
+            self.keys, self.values = keys[:n, :, :filled], values[:n, :, :filled]
 
         def reset(self) -> None:
             self._storage = None

@@ -25,12 +25,23 @@ schedule is a value: ``tandem.samplers.base``). Rows that finish are fed the pad
 mask 0, and the batch is compacted (rows dropped from both caches and from the sampler's state)
 once an eighth of it has finished.
 
+Memory: a call whose KV caches would exceed ``params.kv_cache_gib`` (``tandem.engine.budget``)
+runs in passes over consecutive whole prompt groups, joined into one ``Rollouts``. A pass draws
+the whole call's random numbers at every step and keeps its own rows' (a few uniforms per row:
+nothing next to a forward), and its models read each prompt as one pass over every prompt would
+(the same width, in the same prefill group or a part of it). Rows never interact, so the passes
+give the rollouts of one pass: the same tokens, authors, lengths and stops, and the same
+log-probs wherever the matrix kernels round a row alike whatever the batch's size (on this CPU
+they do from four rows up; under four, and on GPUs, in general, only within the last bits, as
+the batch's compaction already makes them within one pass).
+
 Lockstep: a senior sharded layer by layer (FSDP2 gathering each decoder layer for its forward)
 makes collectives at every forward, so every process must make as many. With ``lockstep``, each
 process says at every step whether it still writes; one whose rows have all finished keeps
 stepping the senior with one dropped token (``Reader.idle``) until every process has finished,
-and the prefill makes as many forwards everywhere (``Reader.prefill``). Without it (one process,
-or a senior gathered whole for the rollout), a call stops as soon as its own rows have.
+and the prefill makes as many forwards everywhere (``Reader.prefill``); the processes also agree
+on the number of passes, one with no prompts left for a pass stepping along idle. Without it (one
+process, or a senior gathered whole for the rollout), a call stops as soon as its own rows have.
 
 What this file leaves out: how tokens are drawn (``draw``), how a cache is read (``reader``),
 who authors (``tandem.samplers``), a junior with a tokenizer of its own (``tandem.engine.cross``,
@@ -40,15 +51,15 @@ to which ``generate`` hands such a pair), and scaled-out serving (a vLLM backend
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from tandem.engine.base import JUNIOR, PAD, SENIOR, Lockstep, Rollouts, SamplingParams, StopReason
-from tandem.engine.cache import kv_bytes_per_token
+from tandem.engine.budget import prompt_spans, warn_unsplit
 from tandem.engine.cross import generate_cross, same_vocabulary
 from tandem.engine.draw import (
     Scores,
@@ -64,8 +75,6 @@ from tandem.engine.reader import Reader, move
 from tandem.samplers.base import Handoff, Sampler
 from tandem.samplers.solo import SoloSampler
 from tandem.samplers.word import WordSampler
-
-log = logging.getLogger(__name__)
 
 # Compact the batch once this fraction of its rows has finished.
 _COMPACT_FRACTION = 1 / 8
@@ -124,15 +133,20 @@ def generate(
     pad = _pad_id(senior, tokenizer, eos)
     ids, mask = _left_pad(prompts, pad)
     models = [senior] if junior is None else [senior, junior]
-    per_chunk = prompts_per_chunk(models, params, ids.shape[0], ids.shape[1], lockstep)
+    spans = prompt_spans(models, ids.shape[0], ids.shape[1], params, lockstep)
     with _eval_mode(models), torch.inference_mode():
+        # only the senior is sharded: the junior's forwards are this process's own
+        readers = [Reader(senior, lockstep), *(Reader(m) for m in models[1:])]
+        # a pass reads each of its prompts as one pass over all of them would
+        groups = [r.prefill_groups(mask.sum(1)) for r in readers]
         parts = []
-        for lo in range(0, ids.shape[0], per_chunk):
-            # every chunk draws the whole call's random numbers and keeps its own rows', so
-            # the rollouts are those of one pass over all rows
-            span = (lo * params.samples_per_prompt, ids.shape[0] * params.samples_per_prompt)
-            loop = _Loop(models, sampler, params, eos, pad, lockstep, span)
-            parts.append(loop.run(ids[lo : lo + per_chunk], mask[lo : lo + per_chunk]))
+        for first, stop in spans:
+            if first == stop:
+                _idle_pass(readers[0], lockstep)
+                continue
+            loop = _Loop(readers, sampler, params, eos, pad, lockstep, (first, stop, len(ids)))
+            within = [_within(g, first, stop) for g in groups]
+            parts.append(loop.run(ids[first:stop], mask[first:stop], within))
         out = parts[0] if len(parts) == 1 else _join(parts, pad)
     # Clones made outside inference mode: training may save them for backward.
     out = {k: v.clone() if isinstance(v, Tensor) else v for k, v in out.items()}
@@ -143,86 +157,56 @@ def generate(
     return Rollouts(**out, pad_token_id=pad, texts=texts)
 
 
-def prompts_per_chunk(
-    models: list[Any], params: SamplingParams, prompts: int, width: int, lockstep: Any = None
-) -> int:
-    """How many prompts (of ``samples_per_prompt`` rows each, ``width`` prompt positions plus
-    ``max_new_tokens`` reserved per row) one pass may generate under ``params.kv_cache_gib``
-    (None: 90% of the senior's device's free memory). Processes in lockstep agree on the
-    number of chunks, so that each makes as many passes."""
-    per_row = (width + params.max_new_tokens) * sum(
-        kv_bytes_per_token(m.config, next(m.parameters()).dtype) for m in models
-    )
-    group = per_row * params.samples_per_prompt
-    budget = (
-        int(params.kv_cache_gib * 2**30)
-        if params.kv_cache_gib is not None
-        else int(0.9 * free_memory(next(models[0].parameters()).device))
-    )
-    if group > budget:
-        raise ValueError(
-            f"generation.kv_cache_gib ({params.kv_cache_gib}) holds {budget / 2**30:.2f} GiB of "
-            f"KV cache, but one prompt's {params.samples_per_prompt} rows of {width} + "
-            f"{params.max_new_tokens} positions need {group / 2**30:.2f} GiB. Raise "
-            "generation.kv_cache_gib, or lower generation.max_new_tokens or group_size."
-        )
-    fits = min(prompts, budget // group)
-    chunks = -(-prompts // fits)
-    if lockstep is not None:
-        chunks = lockstep(chunks)
-    if chunks > 1:
-        log.info(
-            "KV cache: %d rows in %d chunks of at most %d, under %.2f GiB",
-            prompts * params.samples_per_prompt,
-            chunks,
-            -(-prompts // chunks) * params.samples_per_prompt,
-            budget / 2**30,
-        )
-    return -(-prompts // chunks)
+def _within(groups: list[tuple[Tensor, int]], first: int, stop: int) -> list:
+    """The prefill groups of prompts ``first ... stop - 1``, indexed from ``first``."""
+    out = []
+    for index, width in groups:
+        mine = index[(index >= first) & (index < stop)]
+        if mine.numel():
+            out.append((mine - first, width))
+    return out
 
 
-def free_memory(device: torch.device) -> int:
-    """Bytes free on ``device`` now (the host's available memory for the CPU)."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    import psutil
-
-    return psutil.virtual_memory().available
+def _idle_pass(reader: Reader, lockstep: Lockstep | None) -> None:
+    """A pass in which this process has no prompts left while another has: its senior makes as
+    many prefill forwards as the most any process makes, then one a step while any writes."""
+    assert lockstep is not None, "only processes in lockstep make empty passes"
+    for _ in range(lockstep(0)):
+        reader.idle()
+    while lockstep(0):
+        reader.idle()
 
 
 def _join(parts: list[dict[str, Any]], pad: int) -> dict[str, Any]:
-    """The outputs of consecutive chunks of rows as one call's, padded to the widest."""
+    """The fields of consecutive passes over a call's rows as one pass's, each ``[n, t]`` one
+    padded to the widest pass's ``t`` (as ``Rollouts`` pads a row past its length)."""
     width = max(p["tokens"].shape[1] for p in parts)
     fill = {"tokens": pad, "authors": PAD}
     out: dict[str, Any] = {}
-    first = 0
     for name, value in parts[0].items():
         if value is None:
             out[name] = None
-        elif name == "prompt_index":
-            pieces = []
-            for p in parts:
-                pieces.append(p[name] + first)
-                first += int(p[name].max()) + 1
-            out[name] = torch.cat(pieces)
-        elif name in ("lengths", "stop_reasons", "prompt_lengths", "prompt_tokens"):
+        elif value.dim() == 2 and name != "prompt_tokens":  # [n, t]
+            right = fill.get(name, 0.0)
+            out[name] = torch.cat([_pad_to(p[name], width, right) for p in parts])
+        else:  # [n] and the prompts, all passes at the call's prompt width
             out[name] = torch.cat([p[name] for p in parts])
-        else:  # [n, t] per chunk
-            out[name] = torch.cat(
-                [
-                    torch.nn.functional.pad(
-                        p[name], (0, width - p[name].shape[1]), value=fill.get(name, 0.0)
-                    )
-                    for p in parts
-                ]
-            )
     return out
+
+
+def _pad_to(x: Tensor, width: int, fill: float) -> Tensor:
+    """``x [n, t]`` padded on the right with ``fill`` to ``[n, width]``."""
+    return F.pad(x, (0, width - x.shape[1]), value=fill)
 
 
 def _cross(
     senior, junior, prompts, sampler, params, tokenizer, junior_tokenizer, junior_prompts
 ) -> Rollouts:
-    """A junior of another vocabulary: the word schedule on text (``tandem.engine.cross``)."""
+    """A junior of another vocabulary: the word schedule on text (``tandem.engine.cross``).
+
+    It generates every row in one pass, whatever ``params.kv_cache_gib`` says: its readers'
+    caches grow with what each model reads, and a pass split in two would have to split its
+    random streams and its two token sequences too. Over the budget, it warns."""
     if not isinstance(sampler, WordSampler) or tokenizer is None:
         raise ValueError(
             f"the junior's tokenizer differs from the senior's, so the pair writes through "
@@ -231,6 +215,8 @@ def _cross(
             "sampler=word with tokenizer=<the senior's> (or solo without the junior), or a "
             "junior with the senior's tokenizer."
         )
+    width = max(torch.as_tensor(p).numel() for p in prompts)
+    warn_unsplit([senior, junior], len(prompts), width, params)
     return generate_cross(
         senior,
         junior,
@@ -244,44 +230,50 @@ def _cross(
 
 
 class _Loop:
-    """The state of one ``generate`` call; ``run`` returns the fields of ``Rollouts``."""
+    """One pass of a ``generate`` call over some of its prompts; ``run`` returns the fields of
+    ``Rollouts`` for their rows."""
 
     def __init__(
         self,
-        models: list[Any],
+        readers: list[Reader],
         sampler: Sampler,
         params: SamplingParams,
         eos: tuple[int, ...],
         pad: int,
-        lockstep: Lockstep | None = None,
-        span: tuple[int, int] | None = None,
+        lockstep: Lockstep | None,
+        span: tuple[int, int, int],
     ) -> None:
-        # only the senior is sharded: the junior's forwards are this process's own
-        self.readers = [Reader(models[0], lockstep), *(Reader(m) for m in models[1:])]
+        self.readers = readers
         self.lockstep = lockstep
-        self.codes = [SENIOR, JUNIOR][: len(models)]
+        self.codes = [SENIOR, JUNIOR][: len(readers)]
         # per model: the raw log-probs, then those at the loss's temperature when asked for
         tempered = params.logprob_temperature is not None
         names = [("senior_logprobs", "old_logprobs"), ("junior_logprobs", "ref_logprobs")]
-        self.logprob_names = [n if tempered else n[:1] for n in names[: len(models)]]
+        self.logprob_names = [n if tempered else n[:1] for n in names[: len(readers)]]
         self.home = self.readers[0].device
         self.sampler, self.params, self.pad = sampler, params, pad
         self.eos = torch.tensor(eos, dtype=torch.long, device=self.home)
         self.generator = torch.Generator().manual_seed(params.seed)
         self.coins = coin_generator(params.seed)
-        # (first row, rows in all) of the call this pass is a chunk of (None: all of it)
-        self.span = span
+        # this pass's prompts (first ... stop - 1) of the call's; its rows, of the call's rows
+        first, stop, prompts = span
+        g = params.samples_per_prompt
+        self.first, self.rows, self.all_rows = first, slice(first * g, stop * g), prompts * g
 
-    def _rand(self, rows: int, k: int | None, generator: torch.Generator) -> Tensor:
-        """``[rows, k]`` (``[rows]`` for ``k=None``) uniforms: this pass's rows' share of a
-        draw over every row of the call."""
-        first, total = self.span or (0, rows)
-        shape = (total,) if k is None else (total, k)
-        return torch.rand(shape, generator=generator)[first : first + rows]
+    def _rand(self, generator: torch.Generator, *shape: int) -> Tensor:
+        """``[rows, *shape]`` uniforms for this pass's rows: their share of a draw over all the
+        call's rows, so that a row's numbers do not depend on which pass it is in."""
+        return torch.rand(self.all_rows, *shape, generator=generator)[self.rows]
 
-    def run(self, ids: Tensor, mask: Tensor) -> dict[str, Any]:
+    def run(self, ids: Tensor, mask: Tensor, groups: list[list] | None = None) -> dict[str, Any]:
+        """Generate for prompts ``ids`` (``[b, P]``, left-padded; ``mask`` 1 on real tokens),
+        each model reading them in its ``groups`` (``Reader.prefill``)."""
         p, g = self.params, self.params.samples_per_prompt
-        logits = [r.prefill(ids, mask, g, p.max_new_tokens) for r in self.readers]
+        groups = groups if groups is not None else [None] * len(self.readers)
+        logits = [
+            r.prefill(ids, mask, g, p.max_new_tokens, groups=x)
+            for r, x in zip(self.readers, groups, strict=True)
+        ]
         widths = [x.shape[1] for x in logits]
         assert len(set(widths)) == 1, (
             f"senior and junior logits have widths {widths}: tandem needs one vocabulary. "
@@ -291,7 +283,7 @@ class _Loop:
         self.buffers = [new_buffer(n, vocab, r.device) if fast(p) else None for r in self.readers]
         self.sampler.bind(vocab, home)
         context = ids[:, -1].repeat_interleave(g).to(home)  # [n]
-        self.handoff = self.sampler.start(context, self._rand(n, None, self.coins).to(home))
+        self.handoff = self.sampler.start(context, self._rand(self.coins).to(home))
         out = self._buffers(n, p.max_new_tokens)
         batch = _Batch(torch.arange(n, device=home), torch.ones(n, dtype=torch.bool, device=home))
         token = torch.full((n,), self.pad, device=home)  # [n] the last emitted token
@@ -333,14 +325,16 @@ class _Loop:
             # this process has finished: it joins the senior forwards of those still writing
             while self.lockstep(0):
                 self.readers[0].idle()
+        for r in self.readers:
+            r.release()  # before the next pass reserves its own
         return self._finish(out, ids, mask, g)
 
     def _step(self, logits: list[Tensor], batch: _Batch) -> tuple[Tensor, Tensor, list]:
         """One token per batch row: its ``token [n]``, ``author [n]`` and log-probs."""
         scores = [score(x, self.params, b) for x, b in zip(logits, self.buffers, strict=True)]
         # drawn for every rollout row, dropped or not, so that a row's stream is its own
-        uniforms = batch.take(self._rand(batch.everyone, 2, self.generator).to(self.home))
-        coins = batch.take(self._rand(batch.everyone, 2, self.coins).to(self.home))
+        uniforms = batch.take(self._rand(self.generator, 2).to(self.home))
+        coins = batch.take(self._rand(self.coins, 2).to(self.home))
         # Finished rows still in the batch draw from the senior; their tokens are discarded.
         author = batch.where_live(self.handoff.author, SENIOR)  # [n]
         token = self._draw(scores, author, None, uniforms[:, 0])
@@ -422,7 +416,9 @@ class _Loop:
             "stop_reasons": out["stop_reasons"],
             "prompt_tokens": ids.repeat_interleave(g, dim=0).to(home),
             "prompt_lengths": mask.sum(1).repeat_interleave(g).to(home),
-            "prompt_index": torch.arange(ids.shape[0], device=home).repeat_interleave(g),
+            "prompt_index": torch.arange(
+                self.first, self.first + ids.shape[0], device=home
+            ).repeat_interleave(g),
         }
 
 
@@ -441,7 +437,6 @@ class _Batch:
         self.all = torch.arange(self.size, device=rows.device)  # [n]
         self.whole = True  # rows == arange(N): no row dropped yet
         self.dead = 0  # finished rows still in the batch
-        self.everyone = self.size
 
     def take(self, full: Tensor) -> Tensor:
         """The batch rows of a tensor over all N rollout rows."""

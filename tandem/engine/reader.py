@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from tandem.engine.base import Lockstep
-from tandem.engine.cache import new_cache, reserved, stack_caches
+from tandem.engine.cache import new_cache, repeat_rows, reserved, stack_caches
 
 # Padded prompt tokens per prefill chunk. On a CPU, chunks of a thousand tokens or less keep
 # their activations in cache (the tiny world's 64 prompts of up to 74 tokens: 0.26 s in chunks
@@ -81,7 +81,19 @@ class Reader:
         attention = getattr(model.config, "_attn_implementation", None)
         self._mask_kind = attention if self._reserved and attention in _MASK_KINDS else None
 
-    def prefill(self, ids: Tensor, mask: Tensor, repeats: int, max_new_tokens: int) -> Tensor:
+    def prefill_groups(self, lengths: Tensor) -> list[tuple[Tensor, int]]:
+        """How ``prefill`` reads prompts of these ``lengths`` (``[B]``): ``(index [b], width)``
+        groups, each read at its width; ``[]``: all at once, at the widest prompt's width."""
+        return self._chunks(lengths) if self._reserved else []
+
+    def prefill(
+        self,
+        ids: Tensor,
+        mask: Tensor,
+        repeats: int,
+        max_new_tokens: int,
+        groups: list[tuple[Tensor, int]] | None = None,
+    ) -> Tensor:
         """Read the prompts once, then repeat each ``repeats`` times (G samples per prompt).
 
         Args:
@@ -89,6 +101,9 @@ class Reader:
             mask: ``[B, P]`` 1 on real prompt tokens.
             repeats: rows per prompt.
             max_new_tokens: how many more tokens the cache must make room for in the mask.
+            groups: how to read them (``prefill_groups``); ``None``: those of these prompts.
+                A pass over some of a call's prompts reads each as the whole call would (the
+                same width: padding changes the last bits of attention's sums).
 
         Returns:
             ``[B * repeats, V]`` float32 logits for the first response token.
@@ -97,17 +112,18 @@ class Reader:
         positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)  # [B, P]
         rows, width = mask.shape
         capacity = width + max_new_tokens
-        chunks = self._chunks(mask.sum(1)) if self._reserved else []
+        chunks = self.prefill_groups(mask.sum(1)) if groups is None else groups
         if self.lockstep is not None:
             # idle ones first: each forward gathers the same layers, so the order is free
             forwards = max(1, len(chunks))
             for _ in range(self.lockstep(forwards) - forwards):
                 self.idle()
-        if len(chunks) <= 1:
-            self.cache = new_cache(self.model, capacity)
+        if len(chunks) <= 1 and (not chunks or chunks[0][1] == width):
+            # room for the prompt only, when its rows are repeated into storage of their own
+            self.cache = new_cache(self.model, width if repeats > 1 else capacity)
             logits = self._forward(ids, mask, positions, self.cache)  # [B, V]
             if repeats > 1:
-                self.cache.batch_repeat_interleave(repeats)
+                repeat_rows(self.cache, repeats, capacity)
         else:
             logits, parts = None, []
             for index, chunk_width in chunks:
@@ -204,6 +220,10 @@ class Reader:
         )
         self.position = self.position + 1
         return out.logits[:, -1].float()
+
+    def release(self) -> None:
+        """Drop the cache and the mask, so that the next pass's are not reserved beside them."""
+        self.cache = self.mask = None
 
     def select(self, keep: Tensor) -> None:
         """Keep only batch rows ``keep`` (``[n']`` indices) in the cache, mask and positions."""

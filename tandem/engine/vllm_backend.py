@@ -323,6 +323,8 @@ class VLLMBackend:
         from vllm import SamplingParams as VSamplingParams
 
         row.requests += 1
+        # params.kv_cache_gib is the torch engine's: vLLM sizes its own cache (engine_args'
+        # gpu_memory_utilization; on CPU, this backend's own kv_cache_gib), so it is not read
         return VSamplingParams(
             n=1,
             max_tokens=params.budget(row.prompt_length) - len(row.tokens),

@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from transformers import AutoConfig
 
 from tandem.errors import ConfigError
 from tandem.plan import GiB, PlanError, check_plan, make_plan, model_shape
-from tandem.plan.memory import layer_bytes_per_token
+from tandem.plan.activations import layer_bytes_per_token
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -37,6 +38,8 @@ QWEN3_4B = {
 }
 # the sharded layout that fits two 80 GiB cards (++: the keys may be new to conf/)
 SHARDED = ("trainer=fsdp_gpu", "trainer.devices=2", "model.junior_device=null")
+# one process under bf16-mixed, the junior on cuda:1, no KV budget: too big for 80 GiB cards
+SINGLE = ("trainer=gpu", "++generation.kv_cache_gib=null")
 BUDGETS = ("++module.max_tokens_per_micro_batch=4096", "++generation.kv_cache_gib=32")
 
 
@@ -79,20 +82,45 @@ def test_fsdp2_splits_master_weights_and_adam_state_across_devices(qwen3_4b: str
         assert d.phases["rollout"]["junior_weights"] == 4_022_468_096 * 2
 
 
-def test_the_paper_config_does_not_fit_one_80_gib_card_and_names_fixes(qwen3_4b: str) -> None:
-    plan = make_plan(paper(qwen3_4b), devices=devices(1, 80))
+# KV-cache bytes per position of Qwen3-4B: bfloat16, and under bf16-mixed (float32 keys: the
+# k_norm's float32 weight promotes them)
+KV_BF16 = 36 * 8 * 128 * 2 * 2
+KV_MIXED = 36 * 8 * 128 * (4 + 2)
+
+
+def kv_pass(per_token: int, prompts: int) -> int:
+    """A pass's caches: 8 rows of 1,024 + 3,000 positions a prompt, and its own 1,024 keys once
+    more while the prefill repeats them (tandem.engine.cache.kv_chunk_bytes)."""
+    return per_token * (prompts * 8 * 4024 + prompts * 1024)
+
+
+def test_one_process_does_not_fit_one_80_gib_card_and_names_fixes(qwen3_4b: str) -> None:
+    plan = make_plan(
+        paper(qwen3_4b, "trainer=gpu", "++generation.kv_cache_gib=1000"), devices=devices(1, 80)
+    )
     rollout = plan.devices[0].phases["rollout"]
-    # 128 rows x (1024 prompt + 3000 new) positions, no KV budget: 70.7 GiB per bf16 model
-    per_model = 128 * 4024 * (36 * 8 * 128 * 2 * 2)
-    assert rollout["kv_cache_junior"] == per_model
-    assert round(per_model / GiB, 1) == 70.7
-    # under bf16-mixed the senior's float32 k_norm weight makes its keys float32: 1.5 x
-    assert rollout["kv_cache_senior"] == per_model * 3 // 2
+    # a budget that holds every row: 128 rows of 4,024 positions, 70.7 GiB per bf16 model
+    assert rollout["kv_cache_junior"] == kv_pass(KV_BF16, 16)
+    assert round(128 * 4024 * KV_BF16 / GiB, 1) == 70.7
+    assert rollout["kv_cache_senior"] == kv_pass(KV_MIXED, 16)
     assert not plan.fits
     assert any("model.junior_device (cuda:1)" in p for p in plan.problems)
     named = {o.split("=")[0] for f in plan.fixes for o in f.overrides}
-    assert "module.max_tokens_per_micro_batch" in named
+    assert "generation.kv_cache_gib" in named  # the rollout is the peak
     assert plan.together is not None and plan.together.fits
+
+
+def test_a_null_kv_budget_takes_nine_tenths_of_what_is_free(qwen3_4b: str) -> None:
+    plan = make_plan(paper(qwen3_4b, *SINGLE), devices=devices(1, 80), fixes=False)
+    rollout = plan.devices[0].phases["rollout"]
+    kv = rollout.pop("kv_cache_senior") + rollout.pop("kv_cache_junior")
+    rollout.pop("rollout_forward")
+    # what the engine finds free when the rollout starts: the device less weights, AdamW's
+    # state, the junior, the runtime; whole prompt groups of both models' caches in 90% of it
+    group = kv_pass(KV_MIXED + KV_BF16, 1)
+    prompts = int(0.9 * (80 * GiB - sum(rollout.values()))) // group
+    assert prompts == 2 and kv == kv_pass(KV_MIXED + KV_BF16, prompts)
+    assert plan.devices[0].peak_phase == "update"
 
 
 def test_with_budgets_fsdp2_over_two_80_gib_cards_fits(qwen3_4b: str) -> None:
@@ -100,21 +128,43 @@ def test_with_budgets_fsdp2_over_two_80_gib_cards_fits(qwen3_4b: str) -> None:
     assert plan.fits, [(d.name, d.peak / GiB) for d in plan.devices]
     d = plan.devices[0]
     assert d.peak <= d.usable < d.capacity
-    # 64 rows a rank: the budget holds 28 rows of both models' caches at once
-    assert d.phases["rollout"]["kv_cache_senior"] == 28 * 4024 * 36 * 8 * 128 * 2 * 2
+    # 8 prompts a rank: 32 GiB holds 3 prompt groups of both bf16 models' caches at once
+    assert d.phases["rollout"]["kv_cache_senior"] == kv_pass(KV_BF16, 3)
+
+
+def test_kv_caches_are_counted_as_the_engine_counts_them(qwen3_4b: str) -> None:
+    from tandem.engine import cache
+
+    if not hasattr(cache, "kv_chunk_bytes"):
+        pytest.skip("this engine has no kv_chunk_bytes")
+    plan = make_plan(paper(qwen3_4b, *SHARDED, *BUDGETS), devices=devices(2, 80), fixes=False)
+    kv = plan.devices[0].phases["rollout"]["kv_cache_junior"]
+    assert kv == cache.kv_chunk_bytes(KV_BF16, 3, 8, 1024, 3000)
+    config = AutoConfig.from_pretrained(qwen3_4b)
+    assert cache.kv_bytes_per_token(config, torch.bfloat16) == KV_BF16
+
+
+def test_the_paper_layout_fits_two_80_gib_cards_with_two_kv_passes(qwen3_4b: str) -> None:
+    # conf/trainer/paper_gpus.yaml: one FSDP2 process offloading its shards, the junior apart
+    plan = make_plan(paper(qwen3_4b, "++generation.kv_cache_gib=64"), devices=devices(2, 80))
+    assert plan.fits, [(d.name, d.peak / GiB) for d in plan.devices]
+    # 64 GiB a card holds 14 of the 16 prompt groups: two passes of 8, as even as they go
+    for d, term in zip(plan.devices, ("kv_cache_senior", "kv_cache_junior"), strict=True):
+        assert d.phases["rollout"][term] == kv_pass(KV_BF16, 8)
+        assert d.peak_phase == "rollout"
 
 
 def test_the_fixes_a_plan_names_fit_when_composed(qwen3_4b: str) -> None:
-    plan = make_plan(paper(qwen3_4b), devices=devices(2, 80))
+    plan = make_plan(paper(qwen3_4b, *SINGLE), devices=devices(2, 80))
     assert not plan.fits and plan.together is not None and plan.together.fits
     groups = {p.name for p in CONF.iterdir() if p.is_dir()}
     overrides = [o if o.split("=")[0] in groups else f"++{o}" for o in plan.together.overrides]
-    fixed = make_plan(paper(qwen3_4b, *overrides), devices=devices(2, 80))
+    fixed = make_plan(paper(qwen3_4b, *SINGLE, *overrides), devices=devices(2, 80))
     assert fixed.fits and fixed.peak == plan.together.peak
 
 
 def test_a_run_that_cannot_fit_is_refused_with_the_figures(qwen3_4b: str) -> None:
-    cfg = paper(qwen3_4b)
+    cfg = paper(qwen3_4b, *SINGLE)
     with pytest.raises(PlanError) as err:
         check_plan(cfg, 1, devices=devices(2, 80))
     assert isinstance(err.value, ConfigError)  # tandem.train exits 2 on it
@@ -138,7 +188,7 @@ def test_the_cli_ends_with_one_json_line(qwen3_4b: str) -> None:
     out = subprocess.run(
         [
             *(sys.executable, "-m", "tandem.plan", "--config-name", "reproduce_paper"),
-            *(f"model.name_or_path={qwen3_4b}", "--devices", "2x80"),
+            *(f"model.name_or_path={qwen3_4b}", "--devices", "2x80", *SINGLE),
         ],
         cwd=ROOT,
         capture_output=True,
@@ -150,7 +200,9 @@ def test_the_cli_ends_with_one_json_line(qwen3_4b: str) -> None:
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["fits"] is False and result["peak_gib"] > 80
     assert [d["capacity_gib"] for d in result["devices"]] == [80.0, 80.0]
-    assert result["devices"][1]["phases"]["rollout"]["kv_cache_junior"] == pytest.approx(70.734)
+    # the junior's card: 4 prompt groups, as many as the senior's card holds in 90% of its free
+    kv = result["devices"][1]["phases"]["rollout"]["kv_cache_junior"]
+    assert kv == pytest.approx(kv_pass(KV_BF16, 4) / GiB, abs=1e-3)
     assert result["senior_params"] == 4_022_468_096 and result["terms"]
     assert result["together"]["fits"] and "trainer=fsdp_gpu" in result["together"]["overrides"]
 
@@ -166,36 +218,52 @@ def test_the_cli_refuses_bad_devices() -> None:
     assert out.returncode == 2 and "COUNTxGIB" in out.stderr
 
 
+@pytest.mark.parametrize("rows", [True, False], ids=["rows_laid_out", "mask"])
 @pytest.mark.parametrize("mode", ["float32", "bfloat16", "autocast"])
-def test_layer_coefficients_match_what_autograd_saves(mode: str, tmp_path: Path) -> None:
+def test_layer_coefficients_match_what_autograd_saves(
+    mode: str, rows: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Saved-tensor bytes of one decoder layer per token, for a packed forward through
-    tandem.modules.logprobs, against ``layer_bytes_per_token`` and the mask's bias."""
+    tandem.modules.logprobs (its rows laid out for sdpa, or read through a block-diagonal
+    mask), against ``layer_bytes_per_token`` and the mask's bias."""
     from transformers import Qwen3Config
 
-    from tandem.modules.logprobs import pack, packed_logprobs
+    import tandem.modules.logprobs as logprobs
+
+    if hasattr(logprobs, "lays_out_rows"):
+        monkeypatch.setattr(logprobs, "lays_out_rows", lambda model: rows)
+    elif rows:
+        pytest.skip("this trainer reads packs through a mask only")
 
     def config(layers: int) -> Qwen3Config:
+        # every width apart (q = 240, kv = 80), so that no coefficient hides another's
         return Qwen3Config(
             hidden_size=96,
             intermediate_size=304,
             num_hidden_layers=layers,
-            num_attention_heads=4,
+            num_attention_heads=6,
             num_key_value_heads=2,
             head_dim=40,
             vocab_size=300,
             tie_word_embeddings=True,
         )
 
-    saved = {n: _saved_bytes(config(n), mode, pack, packed_logprobs) for n in (1, 2)}
+    saved = {n: _saved_bytes(config(n), mode, logprobs) for n in (1, 2)}
     config(2).save_pretrained(tmp_path)
     shape = model_shape(str(tmp_path))
     tokens = 3 * 20
     cb = 4 if mode == "float32" else 2
-    expected = tokens * layer_bytes_per_token(shape, cb, mode == "autocast") + tokens**2 * cb
-    assert saved[2] - saved[1] == expected
+    per_token = layer_bytes_per_token(shape, cb, mode == "autocast", rows=rows)
+    assert saved[2] - saved[1] == tokens * per_token + (0 if rows else tokens**2 * cb)
 
 
-def _saved_bytes(config, mode: str, pack, packed_logprobs) -> int:
+def test_qwen3_packs_are_laid_out_where_the_trainer_can(qwen3_4b: str) -> None:
+    import tandem.modules.logprobs as logprobs
+
+    assert model_shape(qwen3_4b).rows_attention == hasattr(logprobs, "lays_out_rows")
+
+
+def _saved_bytes(config, mode: str, logprobs) -> int:
     """Bytes autograd saves for backward that are neither weights nor their autocast casts."""
     from transformers import AutoModelForCausalLM
 
@@ -208,7 +276,7 @@ def _saved_bytes(config, mode: str, pack, packed_logprobs) -> int:
     shapes = {tuple(p.shape) for p in model.parameters() if p.dim() == 2}
     shapes |= {s[::-1] for s in shapes}
     ids = torch.randint(0, config.vocab_size, (3, 20))
-    packed = pack(ids, torch.ones_like(ids), 10)
+    packed = logprobs.pack(ids, torch.ones_like(ids), 10)
     seen: dict[int, int] = {}
 
     def keep(t: torch.Tensor) -> torch.Tensor:
@@ -220,5 +288,5 @@ def _saved_bytes(config, mode: str, pack, packed_logprobs) -> int:
 
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode == "autocast")
     with autocast, torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
-        packed_logprobs(model, packed, [0.6], chunk_tokens=16)
+        logprobs.packed_logprobs(model, packed, [0.6], chunk_tokens=16)
     return sum(seen.values())

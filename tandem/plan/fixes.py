@@ -18,7 +18,8 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from tandem.plan.memory import Fix, GiB, Plan, kv_rows, plan_memory
+from tandem.plan.activations import kv_group_bytes
+from tandem.plan.memory import Fix, GiB, Plan, plan_memory, shared_device
 from tandem.plan.settings import Settings
 
 Devices = tuple[tuple[str, int], ...]
@@ -74,22 +75,22 @@ def _micro_budget(state: State, limit: int) -> list[Option]:
 
 def _kv_budget(state: State, limit: int) -> list[Option]:
     s, _ = state
-    rows, senior, junior = kv_rows(s)
-    row = s.row_tokens * (senior + junior)
+    group = max(kv_group_bytes(s, shared_device(s)).values())
+    everything = group * s.prompts_per_rank
     options = []
     for gib in KV_BUDGETS_GIB:
-        if gib * GiB >= rows * row:
+        if gib * GiB >= everything:
             continue
+        if gib * GiB < group:  # not even one prompt group: the engine refuses it
+            break
         options.append(
             Option(
                 "kv",
                 (f"generation.kv_cache_gib={gib:g}",),
                 lambda st, g=gib: (replace(st[0], kv_cache_gib=g), st[1]),
-                f"{max(1, int(gib * GiB) // row)} rows at a time",
+                f"{int(gib * GiB) // group * s.group_size} rows at a time",
             )
         )
-        if gib * GiB < row:  # one row at a time already
-            break
     return options
 
 

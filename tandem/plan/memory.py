@@ -4,28 +4,20 @@ Phases (what is alive at the worst moment of each):
 
 - ``rollout``: weights and optimizer state (gradients are freed after every optimizer step),
   the senior as the engine reads it (gathered whole or by layer under FSDP2), the junior, both
-  models' KV caches (reserved for every position at the prefill) and the largest forward of
-  the rollout (a prefill chunk, or one decode step's logits and sampling);
+  models' KV caches for the prompt groups generated at once (every position reserved at the
+  prefill; ``generation.kv_cache_gib``, or 90% of the memory free when the rollout starts) and
+  the larger of a prefill chunk and one decode step's logits and draw;
 - ``old_logprobs`` / ``ref_logprobs``: one no-grad forward of the largest micro-batch through
   the senior (the old log-probs) or the junior (a KL term's reference), where the trainer
   recomputes them;
-- ``update``: weights, optimizer state, gradients, one micro-batch's saved activations, its
-  attention mask and one LM-head chunk of logits;
-- ``step``: AdamW's step, whose foreach kernels hold a float32 temporary of every parameter.
+- ``update``: weights, optimizer state, gradients, one micro-batch's saved activations (and
+  its attention mask, where rows are not laid out) and what the backward holds beside them
+  (an LM-head chunk and its gradient, or the head's weight gradients);
+- ``step``: AdamW's step (a float32 temporary of every parameter on a GPU, of the largest
+  tensor on the CPU).
 
-The activation coefficients are those of a Qwen3 decoder layer (sdpa on packed rows, so a
-block-diagonal mask), counted from the tensors autograd saves, and were checked against
-``torch.autograd.graph.saved_tensors_hooks`` on a small Qwen3 on CPU in float32, bfloat16 and
-bf16 autocast (exact to the byte). Widths: ``h`` hidden, ``q`` heads x head_dim, ``kv``
-kv_heads x head_dim, ``i`` intermediate, ``b`` the compute dtype's bytes. Per token per layer:
-
-- weights in the compute dtype (bf16 weights, FSDP2's ``param_dtype``, or float32):
-  ``(8 + 4b) h + (4 + 5b) q + (4 + b) kv + 4b i + 8 + 8 heads + 4 kv_heads``;
-- float32 weights under autocast (``bf16-mixed`` on one device): the residual stream and the
-  norms stay float32 and every projection saves its own cast input: ``(16 + 5b) h`` instead;
-  the weights' casts are the autocast cache (``compute_copy``, counted once per weight);
-- the mask: sdpa turns the ``[T, T]`` bool mask into a float bias that every layer saves:
-  ``T x b`` per token per layer, besides the ``T^2`` bytes of the bool mask itself.
+The formulas of the forwards, backwards and rollouts are in ``tandem.plan.activations``, with
+what was measured of each; ``benchmarks/plan_memory.py`` holds them to real training steps.
 
 Not counted: vLLM's own memory (``module.backend.name=vllm``), validation rollouts (fewer rows
 than training ones), the allocator's fragmentation (``MARGIN`` of each device is kept for it).
@@ -39,25 +31,14 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tandem.plan import activations as act
 from tandem.plan.settings import Settings
-from tandem.plan.shape import ModelShape
 
 GiB = 2**30
 # kept free on every device: the caching allocator's fragmentation, and what no formula sees
 MARGIN = 0.05
 # a CUDA context, cuBLAS workspaces and NCCL buffers: per process, on every device it uses
 RUNTIME_BYTES = GiB
-# padded prompt tokens per prefill chunk (tandem.engine.reader)
-PREFILL_TOKENS = {"cpu": 1024, "gpu": 32768}
-# bytes per row x vocabulary of one decode step: the logits in the compute dtype and in
-# float32, divided by the temperature, the probabilities and the recorded log-probs
-SAMPLING_BYTES = 20
-# bytes per token x vocabulary of one LM-head chunk beyond its compute-dtype logits: the float32
-# copy (when the logits are lower), the tempered copy, and logsumexp's exponentials; with
-# gradients, also its gradient (4 more)
-LOGIT_BYTES_NO_GRAD = 8
-LOGIT_BYTES_GRAD = 12
-
 PHASES = ("rollout", "old_logprobs", "ref_logprobs", "update", "step")
 
 
@@ -142,8 +123,16 @@ def plan_memory(s: Settings, devices: Sequence[tuple[str, int]]) -> Plan:
             f"the trainer starts {ranks} processes on each machine, one per GPU, but "
             f"{len(devices)} device(s) were given. Give as many devices, or set trainer.devices."
         )
+    group = max(act.kv_group_bytes(s, shared_device(s, len(devices))).values())
+    if s.kv_cache_gib is not None and s.kv_cache_gib * GiB < group:
+        problems.append(
+            f"generation.kv_cache_gib ({s.kv_cache_gib:g}) holds less than one prompt's "
+            f"{s.group_size} rows of KV cache ({group / GiB:.3g} GiB): the engine refuses it. "
+            f"Raise it to at least {group / GiB:.3g}."
+        )
     totals: list[dict[str, dict[str, int]]] = [{} for _ in devices]
-    per_rank = rank_terms(s)
+    shared = shared_device(s, len(devices))
+    per_rank = rank_terms(s, _kv_free(s, devices, shared), shared)
     for rank in range(ranks):
         home = min(rank, len(devices) - 1) if gpu else 0
         away = _junior_index(s, home, len(devices), problems, notes)
@@ -203,39 +192,98 @@ def _junior_index(
     return index
 
 
-def rank_terms(s: Settings) -> dict[str, dict[tuple[str, str], int]]:
+def rank_terms(
+    s: Settings, kv_free: dict[str, int] | None = None, shared: bool | None = None
+) -> dict[str, dict[tuple[str, str], int]]:
     """One process's bytes by phase, each term keyed ``(senior|junior, term)``: on the device of
-    the senior, or of the junior."""
+    the senior, or of the junior.
+
+    Args:
+        s: the run's settings.
+        kv_free: with ``generation.kv_cache_gib`` null, the bytes free on the senior's device
+            (and the junior's, apart) when the rollout starts, which bound the engine's KV
+            caches; None: every prompt group at once.
+        shared: whether the junior sits on the senior's device (None: as ``shared_device``
+            reads the config).
+    """
+    shared = shared_device(s) if shared is None else shared
     t, chunk = s.micro_tokens, s.logprob_chunk_tokens
-    # alive in every phase: the master weights, the optimizer state and the junior
-    held = {**_resident(s), ("junior", "junior_weights"): s.junior.params * s.junior_bytes}
-    phases = {"rollout": {**held, **_rollout(s)}}
+    rollout = _rollout(s, kv_free, shared)
+    phases = {"rollout": {**_held(s), **_compute(s, "rollout"), **rollout}}
     if s.old_pass:
-        cb, sen = s.compute_bytes, s.senior
-        forward = no_grad_forward(sen, t, cb, _residual_bytes(s))
-        forward += _logits(sen, chunk, t, cb, grad=False)
+        cb, resid = s.compute_bytes, act.residual_bytes(s)
+        forward = act.no_grad_forward(s.senior, t, s.head_positions, chunk, cb, resid)
         phases["old_logprobs"] = {
-            **held,
+            **_held(s),
             **_compute(s, "old_logprobs"),
             ("senior", "forward_senior"): forward,
         }
     if s.junior_reference:
-        cb, jun = _junior_compute_bytes(s), s.junior
-        forward = no_grad_forward(jun, t, cb, s.junior_bytes)
-        forward += _logits(jun, chunk, t, cb, grad=False)
+        cb = act.junior_compute_bytes(s)
+        forward = act.no_grad_forward(s.junior, t, s.head_positions, chunk, cb, s.junior_bytes)
         phases["ref_logprobs"] = {
-            **held,
+            **_held(s),
             **_compute(s, "old_logprobs"),
             ("junior", "forward_junior"): forward,
         }
-    phases["update"] = {**held, **_gradients(s), **_compute(s, "update"), **_update(s)}
+    acts, mask = act.activation_bytes(s)
+    phases["update"] = {
+        **_held(s),
+        **_gradients(s),
+        **_compute(s, "update"),
+        ("senior", "activations"): acts,
+        ("senior", "attention_mask"): mask,
+        ("senior", "backward"): act.backward_bytes(s),
+    }
     phases["step"] = {
-        **held,
+        **_held(s),
         **_gradients(s),
         **_compute(s, "step"),
-        ("senior", "step_temp"): _step_temp(s),
+        ("senior", "step_temp"): act.step_temp(s, _offloaded(s)),
     }
     return phases
+
+
+def _held(s: Settings) -> dict[tuple[str, str], int]:
+    """Alive in every phase: the master weights, the optimizer state and the junior."""
+    return {**_resident(s), ("junior", "junior_weights"): s.junior.params * s.junior_bytes}
+
+
+def shared_device(s: Settings, count: int | None = None) -> bool:
+    """Whether the junior sits on its senior's device: on the CPU always; on GPUs unless
+    ``model.junior_device`` names another of the ``count`` devices given (one not given is
+    planned on the senior's) or the host."""
+    where = None if s.junior_device is None else str(s.junior_device)
+    if s.accelerator != "gpu" or where in (None, "cuda", "gpu"):
+        return True
+    if where == "cpu" or ":" not in where:
+        return where != "cpu"
+    index = int(where.rsplit(":", 1)[-1])
+    return index == 0 or (count is not None and index >= count)
+
+
+def _kv_free(
+    s: Settings, devices: Sequence[tuple[str, int]], shared: bool
+) -> dict[str, int] | None:
+    """Bytes free to one process's KV caches when its rollout starts, on the senior's device
+    and (apart) the junior's, as the engine reads them with ``kv_cache_gib`` null: the device
+    less what every process sharing it holds then (weights, optimizer state, the gathered
+    senior, the runtime); None where a budget is set."""
+    if s.kv_cache_gib is not None:
+        return None
+    gpu = s.accelerator == "gpu"
+    before = {**_held(s), **_compute(s, "rollout")}
+    runtime = RUNTIME_BYTES if gpu else 0
+    sharing = 1 if gpu else s.local_ranks
+    on_senior = sum(v for (where, _), v in before.items() if shared or where == "senior")
+    free = {"senior": (devices[0][1] - sharing * (on_senior + runtime)) // sharing}
+    if not shared:
+        away = _junior_index(s, 0, len(devices), [], [])
+        if away is not None and away != 0:
+            held = before.get(("junior", "junior_weights"), 0)
+            users = s.local_ranks
+            free["junior"] = (devices[away][1] - users * (held + runtime)) // users
+    return free
 
 
 def _offloaded(s: Settings) -> bool:
@@ -289,125 +337,18 @@ def _compute(s: Settings, phase: str) -> dict[tuple[str, str], int]:
     return {("senior", "compute_copy"): value}
 
 
-def _residual_bytes(s: Settings) -> int:
-    """The senior's residual stream: float32 under autocast over float32 weights."""
-    return s.weight_bytes if s.autocast else s.compute_bytes
-
-
-def _junior_compute_bytes(s: Settings) -> int:
-    return s.compute_bytes if s.autocast else s.junior_bytes
-
-
-def kv_rows(s: Settings) -> tuple[int, int, int]:
-    """``(rows at once, senior bytes per token, junior bytes per token)`` of a rollout's KV
-    caches: every row of the process, or as many as ``generation.kv_cache_gib`` holds."""
-    autocast_dtype = s.compute_dtype
-    if s.autocast:
-        # the k_norm's float32 weight promotes the keys to float32; the values stay autocast's
-        weights = "float32" if s.weight_bytes == 4 else autocast_dtype
-        senior = (s.senior.kv_bytes[weights] + s.senior.kv_bytes[autocast_dtype]) // 2
-        junior = (s.junior.kv_bytes[s.model_dtype] + s.junior.kv_bytes[autocast_dtype]) // 2
+def _rollout(
+    s: Settings, kv_free: dict[str, int] | None, shared: bool
+) -> dict[tuple[str, str], int]:
+    prompts = act.kv_prompts(s, shared, kv_free)
+    senior_bpt, junior_bpt = act.kv_per_token(s)
+    forward = act.rollout_forward(s, prompts, shared)
+    out = {("senior", "kv_cache_senior"): act.kv_pass_bytes(s, senior_bpt, prompts)}
+    if shared:
+        out[("senior", "rollout_forward")] = forward["senior"]
     else:
-        senior = s.senior.kv_bytes[s.compute_dtype]
-        junior = s.junior.kv_bytes[s.model_dtype]
-    junior = junior if s.junior_reads else 0
-    rows = s.rows_per_rank
-    if s.kv_cache_gib is not None:
-        fit = int(s.kv_cache_gib * GiB) // (s.row_tokens * (senior + junior))
-        rows = max(1, min(rows, fit))
-    return rows, senior, junior
-
-
-def _rollout(s: Settings) -> dict[tuple[str, str], int]:
-    rows, senior_bpt, junior_bpt = kv_rows(s)
-    out = {**_compute(s, "rollout")}
-    out[("senior", "kv_cache_senior")] = rows * s.row_tokens * senior_bpt
-    out[("senior", "rollout_forward_senior")] = _rollout_forward(
-        s, s.senior, rows, s.compute_bytes, _residual_bytes(s)
-    )
+        out[("senior", "rollout_forward_senior")] = forward["senior"]
+        out[("junior", "rollout_forward_junior")] = forward["junior"]
     if s.junior_reads:
-        out[("junior", "kv_cache_junior")] = rows * s.row_tokens * junior_bpt
-        out[("junior", "rollout_forward_junior")] = _rollout_forward(
-            s, s.junior, rows, _junior_compute_bytes(s), s.junior_bytes
-        )
+        out[("junior", "kv_cache_junior")] = act.kv_pass_bytes(s, junior_bpt, prompts)
     return out
-
-
-def _rollout_forward(s: Settings, m: ModelShape, rows: int, cb: int, resid: int) -> int:
-    """The larger of a prefill chunk's no-grad forward and one decode step's sampling."""
-    p = s.prompt_tokens
-    prompts = max(1, min(rows, PREFILL_TOKENS[s.accelerator] // p))
-    prefill = no_grad_forward(m, prompts * p, cb, resid, mask=prompts * p * p)
-    return max(prefill, rows * m.vocab * SAMPLING_BYTES)
-
-
-def no_grad_forward(
-    m: ModelShape, tokens: int, cb: int, resid: int, mask: int | None = None
-) -> int:
-    """The largest working set of a forward without gradients: the residual stream and one
-    layer's widest intermediates (MLP gate, up and product; or attention's q, keys and values
-    repeated to every head, and output), and the mask with one layer's float bias of it."""
-    h = m.hidden
-    per_token = 2 * resid * h + 4 * h + max(3 * m.intermediate * cb, 4 * m.q * cb)
-    mask = tokens * tokens if mask is None else mask
-    return tokens * per_token + mask * (1 + cb)
-
-
-def layer_bytes_per_token(m: ModelShape, cb: int, autocast: bool) -> int:
-    """What autograd saves of one decoder layer per token (the mask's bias aside)."""
-    h_coeff = 16 + 5 * cb if autocast else 8 + 4 * cb
-    return (
-        h_coeff * m.hidden
-        + (4 + 5 * cb) * m.q
-        + (4 + cb) * m.kv
-        + 4 * cb * m.intermediate
-        + 8
-        + 8 * m.heads
-        + 4 * m.kv_heads
-    )
-
-
-def activation_bytes(s: Settings) -> tuple[int, int]:
-    """``(activations, attention mask)`` of the largest micro-batch's forward and backward."""
-    m, t, cb = s.senior, s.micro_tokens, s.compute_bytes
-    resid = _residual_bytes(s)
-    layer = t * layer_bytes_per_token(m, cb, s.autocast)
-    # after the layers: the final norm's saved input and output, the positions picked for the
-    # LM head, and the rotary tables
-    rest = t * ((4 + resid) * m.hidden + resid * m.hidden + 2 * m.head_dim * resid + 24)
-    if s.activation_checkpointing:
-        # each layer's input kept; one layer recomputed in backward, and its gradients
-        acts = t * m.hidden * resid * m.layers + 2 * layer
-        biases = 1
-    else:
-        # every layer's saved tensors, and one layer's gradients in flight in backward
-        acts = (m.layers + 1) * layer
-        biases = m.layers
-    return acts + rest, t * t * (1 + biases * cb)
-
-
-def _logits(m: ModelShape, chunk: int, tokens: int, cb: int, grad: bool) -> int:
-    per = cb + (LOGIT_BYTES_GRAD if grad else LOGIT_BYTES_NO_GRAD) + (4 if cb != 4 else 0)
-    return min(chunk, tokens) * m.vocab * per
-
-
-def _update(s: Settings) -> dict[tuple[str, str], int]:
-    acts, mask = activation_bytes(s)
-    return {
-        ("senior", "activations"): acts,
-        ("senior", "attention_mask"): mask,
-        ("senior", "logits"): _logits(
-            s.senior, s.logprob_chunk_tokens, s.micro_tokens, s.compute_bytes, grad=True
-        ),
-    }
-
-
-def _step_temp(s: Settings) -> int:
-    """AdamW's foreach step (the GPU default) holds a float32 temporary of every parameter (the
-    square root of exp_avg_sq); the CPU's loop over parameters one at a time."""
-    if _offloaded(s):
-        return 0
-    if s.accelerator == "gpu":
-        return math.ceil(s.senior.params / s.shards) * s.weight_bytes
-    # the largest single tensor: the embedding matrix (the tied LM head)
-    return (s.senior.head_params or s.senior.layer_params) * s.weight_bytes

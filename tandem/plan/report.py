@@ -27,13 +27,14 @@ TERM_LABELS = {
     "junior_weights": "junior weights",
     "kv_cache_senior": "KV cache, senior",
     "kv_cache_junior": "KV cache, junior",
+    "rollout_forward": "rollout forward and draw",
     "rollout_forward_senior": "rollout forward, senior",
     "rollout_forward_junior": "rollout forward, junior",
     "forward_senior": "no-grad forward, senior",
     "forward_junior": "no-grad forward, junior",
     "activations": "activations",
     "attention_mask": "attention mask",
-    "logits": "logits chunk",
+    "backward": "backward working set",
     "step_temp": "AdamW step temporaries",
     "runtime": "runtime (CUDA, NCCL)",
 }
@@ -63,7 +64,11 @@ def describe(s: Settings) -> list[str]:
         how = f"{kind}, precision {s.precision} (computing in {s.compute_dtype})"
     budget = s.max_tokens_per_micro_batch
     rows = -(-s.rows_per_rank // s.mini_batches)
-    kv = "no KV budget" if s.kv_cache_gib is None else f"KV budget {s.kv_cache_gib:g} GiB"
+    kv = (
+        "KV caches in 90% of the memory free when it starts (generation.kv_cache_gib null)"
+        if s.kv_cache_gib is None
+        else f"KV budget {s.kv_cache_gib:g} GiB"
+    )
     where = s.junior_device or "each process's device"
     return [
         f"senior {sen.architecture} ({sen.name}): {count(sen.params)} parameters, float32 "

@@ -46,9 +46,14 @@ class Settings:
         old_pass: the old log-probs come from a no-grad pass of the trainer's senior.
         batch_size, group_size, mini_batches, max_tokens_per_micro_batch, logprob_chunk_tokens,
             max_new_tokens, kv_cache_gib: the keys of the same names.
+        fast_draw: the engine draws at temperature 1 without top-k or top-p, through a weights
+            buffer per model kept for the whole rollout (``tandem.engine.draw.fast``).
         prompt_tokens: the prompt cap (``data.max_prompt_tokens``, or the context less
             ``generation.max_new_tokens``).
         optimizer_states: float32 tensors per parameter the optimizer keeps (2 for AdamW).
+        head_tokens: positions of the largest micro-batch that go through the LM head (its
+            response tokens); None: every token of it, the bound a config allows. A
+            measurement sets what it saw (``benchmarks/plan_memory.py``).
         backend: ``module.backend.name`` (only the torch engine's memory is planned).
     """
 
@@ -78,8 +83,10 @@ class Settings:
     prompt_tokens: int
     max_new_tokens: int
     kv_cache_gib: float | None
+    fast_draw: bool
     optimizer_states: int
     backend: str
+    head_tokens: int | None = None
 
     @classmethod
     def from_config(cls, cfg: DictConfig, world_size: int | None = None) -> Settings:
@@ -130,6 +137,9 @@ class Settings:
             prompt_tokens=_prompt_cap(_plain(cfg, "data"), senior, max_new),
             max_new_tokens=max_new,
             kv_cache_gib=generation.get("kv_cache_gib"),
+            fast_draw=float(generation.get("temperature", 1.0)) == 1.0
+            and float(generation.get("top_p", 1.0)) >= 1.0
+            and not int(generation.get("top_k", 0) or 0),
             optimizer_states=_optimizer_states(module.get("optimizer") or {}),
             backend=backend,
         )
@@ -146,6 +156,11 @@ class Settings:
         return math.ceil(self.batch_size / self.world)
 
     @property
+    def prompts_per_rank(self) -> int:
+        """Prompts each process generates from (``group_size`` rows each)."""
+        return math.ceil(self.rows_per_rank / max(1, self.group_size))
+
+    @property
     def row_tokens(self) -> int:
         """The longest row: the prompt cap plus ``max_new_tokens``."""
         return self.prompt_tokens + self.max_new_tokens
@@ -157,6 +172,12 @@ class Settings:
         whole = math.ceil(self.rows_per_rank / self.mini_batches) * self.row_tokens
         budget = self.max_tokens_per_micro_batch
         return whole if budget is None else min(whole, max(budget, self.row_tokens))
+
+    @property
+    def head_positions(self) -> int:
+        """Positions of the largest micro-batch that go through the LM head."""
+        t = self.micro_tokens
+        return t if self.head_tokens is None else min(t, self.head_tokens)
 
     @property
     def weight_bytes(self) -> int:

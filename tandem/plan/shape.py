@@ -28,6 +28,9 @@ class ModelShape:
         layers, hidden, intermediate, heads, kv_heads, head_dim, vocab: the config's sizes.
         context: ``max_position_embeddings`` (None if the config names none).
         kv_bytes: KV-cache bytes per token (every layer, keys and values) by dtype name.
+        rows_attention: whether the trainer's packed forward lays its rows out side by side
+            for attention (``tandem.modules.logprobs.lays_out_rows``: sdpa, full attention),
+            rather than reading a ``[tokens, tokens]`` block-diagonal mask.
     """
 
     name: str
@@ -45,6 +48,7 @@ class ModelShape:
     vocab: int
     context: int | None
     kv_bytes: dict[str, int]
+    rows_attention: bool = False
 
     @property
     def q(self) -> int:
@@ -110,7 +114,17 @@ def model_shape(name_or_path: str) -> ModelShape:
         vocab=config.vocab_size,
         context=context if isinstance(context, int) and context > 0 else None,
         kv_bytes={d: kv_bytes_per_token(config, d) for d in DTYPE_BYTES},
+        rows_attention=_lays_out_rows(model),
     )
+
+
+def _lays_out_rows(model: Any) -> bool:
+    """The trainer's own test of its packed attention, where it has one (else the mask)."""
+    try:
+        from tandem.modules.logprobs import lays_out_rows
+    except ImportError:
+        return False
+    return bool(lays_out_rows(model))
 
 
 def _decoder_layers(model: Any, count: int) -> Any:

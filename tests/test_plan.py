@@ -17,7 +17,7 @@ from transformers import AutoConfig
 
 from tandem.errors import ConfigError
 from tandem.plan import GiB, PlanError, check_plan, make_plan, model_shape
-from tandem.plan.activations import layer_bytes_per_token
+from tandem.plan.activations import kv_pass_bytes, layer_bytes_per_token
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -89,9 +89,14 @@ KV_MIXED = 36 * 8 * 128 * (4 + 2)
 
 
 def kv_pass(per_token: int, prompts: int) -> int:
-    """A pass's caches: 8 rows of 1,024 + 3,000 positions a prompt, and its own 1,024 keys once
-    more while the prefill repeats them (tandem.engine.cache.kv_chunk_bytes)."""
-    return per_token * (prompts * 8 * 4024 + prompts * 1024)
+    """What a pass's budget counts: 8 rows of 1,024 + 3,000 positions a prompt, and its own
+    1,024 keys once more while the prefill repeats them (tandem.engine.cache.kv_chunk_bytes)."""
+    return kv_rows(per_token, prompts) + per_token * prompts * 1024
+
+
+def kv_rows(per_token: int, prompts: int) -> int:
+    """What a pass's rows hold when they decode (the KV terms of a plan)."""
+    return per_token * prompts * 8 * 4024
 
 
 def test_one_process_does_not_fit_one_80_gib_card_and_names_fixes(qwen3_4b: str) -> None:
@@ -100,9 +105,9 @@ def test_one_process_does_not_fit_one_80_gib_card_and_names_fixes(qwen3_4b: str)
     )
     rollout = plan.devices[0].phases["rollout"]
     # a budget that holds every row: 128 rows of 4,024 positions, 70.7 GiB per bf16 model
-    assert rollout["kv_cache_junior"] == kv_pass(KV_BF16, 16)
+    assert rollout["kv_cache_junior"] == kv_rows(KV_BF16, 16)
     assert round(128 * 4024 * KV_BF16 / GiB, 1) == 70.7
-    assert rollout["kv_cache_senior"] == kv_pass(KV_MIXED, 16)
+    assert rollout["kv_cache_senior"] == kv_rows(KV_MIXED, 16)
     assert not plan.fits
     assert any("model.junior_device (cuda:1)" in p for p in plan.problems)
     named = {o.split("=")[0] for f in plan.fixes for o in f.overrides}
@@ -119,7 +124,7 @@ def test_a_null_kv_budget_takes_nine_tenths_of_what_is_free(qwen3_4b: str) -> No
     # state, the junior, the runtime; whole prompt groups of both models' caches in 90% of it
     group = kv_pass(KV_MIXED + KV_BF16, 1)
     prompts = int(0.9 * (80 * GiB - sum(rollout.values()))) // group
-    assert prompts == 2 and kv == kv_pass(KV_MIXED + KV_BF16, prompts)
+    assert prompts == 2 and kv == kv_rows(KV_MIXED + KV_BF16, prompts)
     assert plan.devices[0].peak_phase == "update"
 
 
@@ -129,17 +134,18 @@ def test_with_budgets_fsdp2_over_two_80_gib_cards_fits(qwen3_4b: str) -> None:
     d = plan.devices[0]
     assert d.peak <= d.usable < d.capacity
     # 8 prompts a rank: 32 GiB holds 3 prompt groups of both bf16 models' caches at once
-    assert d.phases["rollout"]["kv_cache_senior"] == kv_pass(KV_BF16, 3)
+    assert d.phases["rollout"]["kv_cache_senior"] == kv_rows(KV_BF16, 3)
 
 
 def test_kv_caches_are_counted_as_the_engine_counts_them(qwen3_4b: str) -> None:
     from tandem.engine import cache
 
-    if not hasattr(cache, "kv_chunk_bytes"):
-        pytest.skip("this engine has no kv_chunk_bytes")
     plan = make_plan(paper(qwen3_4b, *SHARDED, *BUDGETS), devices=devices(2, 80), fixes=False)
-    kv = plan.devices[0].phases["rollout"]["kv_cache_junior"]
-    assert kv == cache.kv_chunk_bytes(KV_BF16, 3, 8, 1024, 3000)
+    # the budget's count of a pass, and what its rows hold once the prompts are repeated in
+    assert kv_pass_bytes(plan.settings, KV_BF16, 3) == cache.kv_chunk_bytes(
+        KV_BF16, 3, 8, 1024, 3000
+    )
+    assert plan.devices[0].phases["rollout"]["kv_cache_junior"] == kv_rows(KV_BF16, 3)
     config = AutoConfig.from_pretrained(qwen3_4b)
     assert cache.kv_bytes_per_token(config, torch.bfloat16) == KV_BF16
 
@@ -150,7 +156,7 @@ def test_the_paper_layout_fits_two_80_gib_cards_with_two_kv_passes(qwen3_4b: str
     assert plan.fits, [(d.name, d.peak / GiB) for d in plan.devices]
     # 64 GiB a card holds 14 of the 16 prompt groups: two passes of 8, as even as they go
     for d, term in zip(plan.devices, ("kv_cache_senior", "kv_cache_junior"), strict=True):
-        assert d.phases["rollout"][term] == kv_pass(KV_BF16, 8)
+        assert d.phases["rollout"][term] == kv_rows(KV_BF16, 8)
         assert d.peak_phase == "rollout"
 
 
@@ -202,7 +208,7 @@ def test_the_cli_ends_with_one_json_line(qwen3_4b: str) -> None:
     assert [d["capacity_gib"] for d in result["devices"]] == [80.0, 80.0]
     # the junior's card: 4 prompt groups, as many as the senior's card holds in 90% of its free
     kv = result["devices"][1]["phases"]["rollout"]["kv_cache_junior"]
-    assert kv == pytest.approx(kv_pass(KV_BF16, 4) / GiB, abs=1e-3)
+    assert kv == pytest.approx(kv_rows(KV_BF16, 4) / GiB, abs=1e-3)
     assert result["senior_params"] == 4_022_468_096 and result["terms"]
     assert result["together"]["fits"] and "trainer=fsdp_gpu" in result["together"]["overrides"]
 

@@ -24,11 +24,12 @@ def test_a_start_records_its_plan(tmp_path: Path) -> None:
 
 
 def test_a_run_that_cannot_fit_is_refused_before_anything_loads(tmp_path: Path) -> None:
-    # 16,384 rows of 160 new tokens: a KV cache of hundreds of GiB on this machine
+    # 65,536 rows of 512 positions under a KV budget of 1,000 GiB: 192 GiB of caches on this
+    # machine (without a budget the engine would take them a chunk at a time, and fit)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     began = time.time()
     result = subprocess.run(
-        cli(tmp_path, "batch_size=16384"), capture_output=True, text=True, env=env, timeout=300
+        cli(tmp_path, "batch_size=65536", "generation.kv_cache_gib=1000"), capture_output=True, text=True, env=env, timeout=300
     )
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr

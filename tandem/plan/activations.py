@@ -19,13 +19,18 @@ kv_heads x head_dim, ``i`` intermediate, ``V`` vocabulary, ``b`` the compute dty
   ``[V, h]``, measured); a layer's gradients in flight (two ``[T, i]``, measured);
 - a forward without gradients holds the larger of one layer's working set and the LM head's
   chunk (the layers' tensors are gone by the time the head runs);
-- a rollout holds both models' KV caches (``kv_pass_bytes``) and the larger of a prefill chunk
-  and one decode step; a step holds each model's float32 logits of this step and of the last
-  (the list of the new ones is built before the old one is dropped), or, while a token is
-  drawn, this step's logits and the draw's tempered copy and weights (one model at a time).
+- a rollout holds both models' KV caches for its rows (``kv_rows_bytes``) and the worst of a
+  prefill beside the caches reserved before it, a prompt's own keys while they are repeated
+  into its rows, and one decode step (``rollout_forward``). A decode step holds each model's
+  float32 logits of this step and of the last (the list of the new ones is built before the
+  old one is dropped), or, while a token is drawn, this step's logits and the draw's tempered
+  copy and weights (one model at a time).
 
-Not counted: a pack's padding when its rows are laid out (every row is as wide as its longest:
-the plan's rows are all at their longest, so there is none), and allocator fragmentation.
+Not counted: allocator fragmentation, and a pack's padding where its rows are laid out: each
+row is laid out as wide as the pack's longest, so a pack of one long row and many short ones
+(responses that stopped early beside one that ran to the end) lays out rows x longest slots
+for attention's queries, keys, values and output, which can be several times its tokens. The
+plan's rows are all at their longest, where there is none.
 
 What this file leaves out: the phases and the resident terms (``tandem.plan.memory``).
 """
@@ -168,12 +173,21 @@ def kv_per_token(s: Settings) -> tuple[int, int]:
     return senior, junior if s.junior_reads else 0
 
 
+def kv_rows_bytes(s: Settings, per_token: int, prompts: int) -> int:
+    """The rows' caches of a pass of ``prompts`` prompt groups: every row reserves the prompt
+    and every response position."""
+    return per_token * prompts * s.group_size * s.row_tokens
+
+
+def kv_prompt_bytes(s: Settings, per_token: int, prompts: int) -> int:
+    """The prompts' own caches, one row a prompt, read before they are repeated into rows."""
+    return per_token * prompts * s.prompt_tokens
+
+
 def kv_pass_bytes(s: Settings, per_token: int, prompts: int) -> int:
-    """The KV caches of a pass of ``prompts`` prompt groups (``tandem.engine.cache
-    .kv_chunk_bytes``): every row reserves the prompt and every response position, and each
-    prompt's own keys are held once more while the prefill repeats them into its rows."""
-    rows = prompts * s.group_size
-    return per_token * (rows * s.row_tokens + prompts * s.prompt_tokens)
+    """What the engine's budget counts of a pass (``tandem.engine.cache.kv_chunk_bytes``): the
+    rows' caches, and each prompt's own keys once more while they are repeated into them."""
+    return kv_rows_bytes(s, per_token, prompts) + kv_prompt_bytes(s, per_token, prompts)
 
 
 def kv_group_bytes(s: Settings, shared: bool) -> dict[str, int]:
@@ -204,25 +218,41 @@ def kv_prompts(s: Settings, shared: bool, free: dict[str, int] | None = None) ->
 
 
 def rollout_forward(s: Settings, prompts: int, shared: bool) -> dict[str, int]:
-    """The larger of a prefill chunk and a decode step, on the senior's device (``shared``:
-    the junior's too) and, apart, on the junior's: ``{"senior": ..., "junior": ...}``."""
+    """What a pass holds beyond its rows' KV caches at its worst moment, on the senior's
+    device (``shared``: the junior's too) and, apart, on the junior's.
+
+    The senior reads the prompts first into caches of the prompts alone, which are then
+    repeated into its rows' caches; the junior does the same after it; then every step
+    decodes. So beside the rows' caches of both (``kv_rows_bytes``), the worst of: a prefill
+    (its forward and its prompts' caches) with the caches reserved so far, a model's prompt
+    caches while they are repeated, and one decode step.
+    """
     rows = min(s.rows_per_rank, prompts * s.group_size)
     p = s.prompt_tokens
     chunk = max(1, min(prompts, PREFILL_TOKENS[s.accelerator] // p))
+    senior_bpt, junior_bpt = kv_per_token(s)
 
-    def prefill(m: ModelShape, cb: int, resid: int) -> int:
-        return layer_working_set(m, chunk * p, cb, resid, mask=chunk * p * p)
+    def read(m: ModelShape, cb: int, resid: int, per_token: int) -> tuple[int, int, int]:
+        """(the prefill's forward, the prompts' caches, the rows' caches) of one model."""
+        forward = layer_working_set(m, chunk * p, cb, resid, mask=chunk * p * p)
+        return forward, kv_prompt_bytes(s, per_token, prompts), kv_rows_bytes(s, per_token, prompts)
 
-    sen = prefill(s.senior, s.compute_bytes, residual_bytes(s))
-    jun = prefill(s.junior, junior_compute_bytes(s), s.junior_bytes) if s.junior_reads else 0
+    fs, ps, rs = read(s.senior, s.compute_bytes, residual_bytes(s), senior_bpt)
+    fj, pj, rj = 0, 0, 0
+    if s.junior_reads:
+        fj, pj, rj = read(s.junior, junior_compute_bytes(s), s.junior_bytes, junior_bpt)
     models = 2 if s.junior_reads else 1
     fast = FAST_BUFFER_BYTES if s.fast_draw else 0
     vocab = rows * s.senior.vocab
     if shared:
         step = max(STEP_LOGITS_BYTES * models, 4 * models + DRAW_BYTES) + fast * models
-        return {"senior": max(sen, jun, vocab * step), "junior": 0}
+        # the senior's prefill and repeat come before the junior's rows are reserved
+        reading = max(fs + ps - rs - rj, ps - rj, fj + pj - rj, pj)
+        return {"senior": max(0, reading, vocab * step), "junior": 0}
     step = max(STEP_LOGITS_BYTES, 4 + DRAW_BYTES) + fast
-    return {"senior": max(sen, vocab * step), "junior": max(jun, vocab * step) if jun else 0}
+    senior = max(0, fs + ps - rs, ps, vocab * step)
+    junior = max(0, fj + pj - rj, pj, vocab * step) if s.junior_reads else 0
+    return {"senior": senior, "junior": junior}
 
 
 def step_temp(s: Settings, offloaded: bool) -> int:

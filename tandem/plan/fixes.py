@@ -18,7 +18,7 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from tandem.plan.activations import kv_group_bytes
+from tandem.plan.activations import kv_group_bytes, kv_prompts
 from tandem.plan.memory import Fix, GiB, Plan, plan_memory, shared_device
 from tandem.plan.settings import Settings
 
@@ -75,20 +75,21 @@ def _micro_budget(state: State, limit: int) -> list[Option]:
 
 def _kv_budget(state: State, limit: int) -> list[Option]:
     s, _ = state
-    group = max(kv_group_bytes(s, shared_device(s)).values())
-    everything = group * s.prompts_per_rank
+    shared = shared_device(s)
+    group = max(kv_group_bytes(s, shared).values())
     options = []
     for gib in KV_BUDGETS_GIB:
-        if gib * GiB >= everything:
+        if gib * GiB >= group * s.prompts_per_rank:
             continue
         if gib * GiB < group:  # not even one prompt group: the engine refuses it
             break
+        rows = kv_prompts(replace(s, kv_cache_gib=gib), shared) * s.group_size
         options.append(
             Option(
                 "kv",
                 (f"generation.kv_cache_gib={gib:g}",),
                 lambda st, g=gib: (replace(st[0], kv_cache_gib=g), st[1]),
-                f"{int(gib * GiB) // group * s.group_size} rows at a time",
+                f"{rows} rows at a time",
             )
         )
     return options

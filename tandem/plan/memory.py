@@ -343,12 +343,12 @@ def _rollout(
     prompts = act.kv_prompts(s, shared, kv_free)
     senior_bpt, junior_bpt = act.kv_per_token(s)
     forward = act.rollout_forward(s, prompts, shared)
-    out = {("senior", "kv_cache_senior"): act.kv_pass_bytes(s, senior_bpt, prompts)}
+    out = {("senior", "kv_cache_senior"): act.kv_rows_bytes(s, senior_bpt, prompts)}
     if shared:
         out[("senior", "rollout_forward")] = forward["senior"]
     else:
         out[("senior", "rollout_forward_senior")] = forward["senior"]
         out[("junior", "rollout_forward_junior")] = forward["junior"]
     if s.junior_reads:
-        out[("junior", "kv_cache_junior")] = act.kv_pass_bytes(s, junior_bpt, prompts)
+        out[("junior", "kv_cache_junior")] = act.kv_rows_bytes(s, junior_bpt, prompts)
     return out

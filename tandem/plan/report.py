@@ -27,7 +27,7 @@ TERM_LABELS = {
     "junior_weights": "junior weights",
     "kv_cache_senior": "KV cache, senior",
     "kv_cache_junior": "KV cache, junior",
-    "rollout_forward": "rollout forward and draw",
+    "rollout_forward": "prefill or decode step",
     "rollout_forward_senior": "rollout forward, senior",
     "rollout_forward_junior": "rollout forward, junior",
     "forward_senior": "no-grad forward, senior",

@@ -89,7 +89,16 @@ def model_shape(name_or_path: str) -> ModelShape:
 
     from tandem.assets import resolve
 
-    config = AutoConfig.from_pretrained(resolve(name_or_path))
+    try:
+        config = AutoConfig.from_pretrained(resolve(name_or_path))
+    except OSError as err:  # not on disk, and the hub unreachable or without it
+        from tandem.errors import ConfigError
+
+        raise ConfigError(
+            f"the memory plan cannot read the config of {name_or_path!r} "
+            f"({str(err).splitlines()[0]}). Point model.name_or_path at a local folder with "
+            "its config.json, or give the machine hub access."
+        ) from err
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     params = sum(p.numel() for p in model.parameters())  # a tied weight is listed once

@@ -29,7 +29,11 @@ def test_a_run_that_cannot_fit_is_refused_before_anything_loads(tmp_path: Path) 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     began = time.time()
     result = subprocess.run(
-        cli(tmp_path, "batch_size=65536", "generation.kv_cache_gib=1000"), capture_output=True, text=True, env=env, timeout=300
+        cli(tmp_path, "batch_size=65536", "generation.kv_cache_gib=1000"),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
     assert result.returncode == 2, result.stderr[-2000:]
     assert "Traceback" not in result.stderr

@@ -336,6 +336,18 @@ def test_a_jsonl_line_that_is_not_json_is_named(tmp_path: Path) -> None:
     assert "line 2 is not JSON" in _file_problems(path)
 
 
+def test_a_jsonl_error_is_named_at_its_own_column(tmp_path: Path) -> None:
+    path = tmp_path / "set.jsonl"
+    unclosed = '{"problem": "what is 2 + 3?", "answer": "5"'  # 43 characters, no closing brace
+    stray = '{"problem": "2 + 2?" "answer": "4"}'  # the comma is missing before "answer"
+    path.write_text(unclosed + "\n")
+    assert "line 1 is not JSON (Expecting ',' delimiter at column 44, the end of the line)" in (
+        _file_problems(path)
+    )
+    path.write_text('{"problem": "1 + 1?", "answer": "2"}\r\n' + stray + "\r\n")
+    assert "line 2 is not JSON (Expecting ',' delimiter at column 22)" in _file_problems(path)
+
+
 def test_files_of_every_split_and_glob_are_checked(tmp_path: Path) -> None:
     good = tmp_path / "good.jsonl"
     good.write_text('{"problem": "1 + 1?", "answer": "2"}\n')

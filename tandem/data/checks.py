@@ -92,11 +92,15 @@ def _check_lines(shown: str, f: Any, suffix: str) -> str | None:
                 f"{err.start + 1}). {FIX_ENCODING}"
             )
         if jsonl and line.strip():
+            # without its line break: an error at the end of the line is then at its last
+            # column, not at "line 2, column 1" of a one-line document
+            content = line.rstrip("\r\n")
             try:
-                json.loads(line)
+                json.loads(content)
             except json.JSONDecodeError as err:
+                end = ", the end of the line" if err.pos >= len(content) else ""
                 return (
-                    f"{shown}: line {number} is not JSON ({err.msg} at column {err.colno}). "
+                    f"{shown}: line {number} is not JSON ({err.msg} at column {err.pos + 1}{end}). "
                     "A .jsonl file holds one JSON object per line; fix or remove that line."
                 )
     if blank:

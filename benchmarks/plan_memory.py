@@ -107,6 +107,7 @@ def worker(model: str, rows: int, tokens: int, steps: int, out: Path, extra: lis
     from hydra import compose, initialize_config_dir
 
     import tandem.modules.grpo as grpo
+    import tandem.modules.logprobs as logprobs
     import tandem.train
     from tandem.plan import make_plan
     from tandem.plan.memory import plan_memory
@@ -120,10 +121,16 @@ def worker(model: str, rows: int, tokens: int, steps: int, out: Path, extra: lis
         return {"step": steps_seen[0], "prompt": int(result.prompt_tokens.shape[1])}
 
     def pack_shape(args: Any, result: Any) -> dict:
-        # the fullest pack's tokens, and the most response tokens of a pack (the LM head's)
+        # the fullest pack's tokens, the most it reads (each prompt once), and the most
+        # response tokens of a pack (the LM head's)
         batch, parts = args[1], args[3]
+        share = logprobs.lays_out_rows(args[0])
         return {
             "pack": max(int(batch.mask[p].sum()) for p, _ in parts),
+            "read": max(
+                logprobs.pack(batch.ids[p], batch.mask[p], batch.start, share).tokens
+                for p, _ in parts
+            ),
             "head": max(int(batch.mask[p, batch.start :].sum()) for p, _ in parts),
         }
 
@@ -177,6 +184,7 @@ def worker(model: str, rows: int, tokens: int, steps: int, out: Path, extra: lis
         prompt_tokens=max(c["prompt"] for c in later if c["phase"] == "rollout"),
         max_tokens_per_micro_batch=max(c["pack"] for c in updates),
         head_tokens=max(c["head"] for c in updates),
+        read_tokens=max(c["read"] for c in updates),
     )
     at_shape = plan_memory(shaped, tuple((d.name, d.capacity) for d in planned.devices))
     rollout_entry = next(c["entry"] for c in later if c["phase"] == "rollout")
@@ -200,6 +208,7 @@ def worker(model: str, rows: int, tokens: int, steps: int, out: Path, extra: lis
             "longest_prompt": shaped.prompt_tokens,
             "budget": s.max_tokens_per_micro_batch,
             "fullest_pack": shaped.max_tokens_per_micro_batch,
+            "most_read": shaped.read_tokens,
             "head_positions": shaped.head_tokens,
         },
     }

@@ -17,7 +17,7 @@ from transformers import AutoConfig
 
 from tandem.errors import ConfigError
 from tandem.plan import GiB, PlanError, check_plan, make_plan, model_shape
-from tandem.plan.activations import kv_pass_bytes, layer_bytes_per_token
+from tandem.plan.activations import kv_pass_bytes, layer_bytes_per_token, slot_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -261,6 +261,12 @@ def test_layer_coefficients_match_what_autograd_saves(
     cb = 4 if mode == "float32" else 2
     per_token = layer_bytes_per_token(shape, cb, mode == "autocast", rows=rows)
     assert saved[2] - saved[1] == tokens * per_token + (0 if rows else tokens**2 * cb)
+    if rows:
+        # the three rows of one prompt of 10 tokens read it once (40 tokens) in 60 slots
+        shared = {n: _saved_bytes(config(n), mode, logprobs, share=True) for n in (1, 2)}
+        per_slot = slot_bytes(shape, cb)
+        assert 0 < per_slot < per_token
+        assert shared[2] - shared[1] == 40 * (per_token - per_slot) + tokens * per_slot
 
 
 def test_qwen3_packs_are_laid_out_where_the_trainer_can(qwen3_4b: str) -> None:
@@ -269,7 +275,7 @@ def test_qwen3_packs_are_laid_out_where_the_trainer_can(qwen3_4b: str) -> None:
     assert model_shape(qwen3_4b).rows_attention == hasattr(logprobs, "lays_out_rows")
 
 
-def _saved_bytes(config, mode: str, logprobs) -> int:
+def _saved_bytes(config, mode: str, logprobs, share: bool = False) -> int:
     """Bytes autograd saves for backward that are neither weights nor their autocast casts."""
     from transformers import AutoModelForCausalLM
 
@@ -282,7 +288,8 @@ def _saved_bytes(config, mode: str, logprobs) -> int:
     shapes = {tuple(p.shape) for p in model.parameters() if p.dim() == 2}
     shapes |= {s[::-1] for s in shapes}
     ids = torch.randint(0, config.vocab_size, (3, 20))
-    packed = logprobs.pack(ids, torch.ones_like(ids), 10)
+    ids[1:, :10] = ids[0, :10]  # one prompt of three rows
+    packed = logprobs.pack(ids, torch.ones_like(ids), 10, share_prompts=share)
     seen: dict[int, int] = {}
 
     def keep(t: torch.Tensor) -> torch.Tensor:

@@ -58,7 +58,14 @@ from tandem.engine.cross import CrossRollouts
 from tandem.metrics.base import build_metrics, measure, values
 from tandem.metrics.per_byte import JuniorBytesCrossEntropy, byte_table
 from tandem.modules.checks import check_rollouts
-from tandem.modules.logprobs import CHUNK_TOKENS, micro_batches, pack, packed_logprobs
+from tandem.modules.logprobs import (
+    CHUNK_TOKENS,
+    lays_out_rows,
+    micro_batches,
+    pack,
+    packed_logprobs,
+    prompt_groups,
+)
 from tandem.modules.loss import (
     OLD_LOGPROB_SOURCES,
     LossConfig,
@@ -353,8 +360,9 @@ class TandemGRPO(L.LightningModule):
         ids, mask = rollouts.sequences()  # [N, P+T] each
         start = rollouts.prompt_tokens.shape[1]
         tokens = mask.sum(dim=1).cpu()  # [N] each row's real tokens
+        groups = prompt_groups(ids, mask, start).cpu()  # [N] the rows that share a prompt
         slices = torch.arange(rollouts.tokens.shape[0]).chunk(hp.mini_batches)
-        micros = [self.micro_batches(idx, tokens) for idx in slices]
+        micros = [self.micro_batches(idx, tokens, groups) for idx in slices]
         old, ref, gap = self.old_and_ref(rollouts, ids, mask, start, micros)  # [N, T] each
         batch = UpdateBatch(ids, mask, start, old, ref, adv, senior_mask, junior_mask)
         steps = hp.num_iterations * len(slices)
@@ -403,13 +411,19 @@ class TandemGRPO(L.LightningModule):
         opt.zero_grad(set_to_none=True)
         fault_point("update", self.optimizer_steps)
 
-    def micro_batches(self, rows: Tensor, tokens: Tensor) -> list[tuple[Tensor, float]]:
+    def micro_batches(
+        self, rows: Tensor, tokens: Tensor, groups: Tensor
+    ) -> list[tuple[Tensor, float]]:
         """``rows`` (one mini-batch) split into packs of at most ``max_tokens_per_micro_batch``
-        tokens, each with its share of the loss (1). Every rank makes as many forwards (DDP
+        tokens, the rows of a prompt together where they fit, each with its share of the loss
+        (1). Every rank makes as many forwards (DDP
         and FSDP2 forwards and backwards are collectives): one with fewer packs than another
         repeats its first with a share of 0."""
         parts = [
-            rows[p] for p in micro_batches(tokens[rows], self.hparams.max_tokens_per_micro_batch)
+            rows[p]
+            for p in micro_batches(
+                tokens[rows], self.hparams.max_tokens_per_micro_batch, groups[rows]
+            )
         ]
         count = len(parts)
         if self.trainer.world_size > 1:
@@ -428,7 +442,7 @@ class TandemGRPO(L.LightningModule):
     ) -> list[Tensor]:
         """``[len(rows), T]`` log-probs of ``rows``' response tokens under ``model``, one per
         temperature, from one packed forward (as ``accumulate`` reads them)."""
-        packed = pack(ids[rows], mask[rows], start)
+        packed = pack(ids[rows], mask[rows], start, share_prompts=lays_out_rows(model))
         return packed_logprobs(model, packed, temperatures, self.hparams.logprob_chunk_tokens)
 
     def old_and_ref(

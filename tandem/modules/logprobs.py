@@ -63,6 +63,7 @@ class Packed:
         rows: ``[M]`` its row, counted within the pack.
         cols: ``[M]`` its column in the response.
         shape: ``(n, T)``: the pack's rows and the responses' width.
+        layout: the rows side by side for ``rows_attention``, every row's prompt in it.
     """
 
     ids: Tensor  # [1, L] long
@@ -72,6 +73,14 @@ class Packed:
     rows: Tensor  # [M] long
     cols: Tensor  # [M] long
     shape: tuple[int, int]
+    layout: RowLayout
+
+    @property
+    def shares_prompts(self) -> bool:
+        """Whether some rows read a prompt packed once for them all."""
+        return self.layout.source.numel() > 0 and self.tokens < int(
+            (self.layout.source < self.tokens).sum()
+        )
 
     @property
     def tokens(self) -> int:
@@ -84,43 +93,66 @@ class Packed:
         return values.new_zeros(self.shape).index_put(index, values)
 
 
-def pack(ids: Tensor, mask: Tensor, response_start: int) -> Packed:
+def prompt_groups(ids: Tensor, mask: Tensor, response_start: int) -> Tensor:
+    """``[n]`` one id per distinct prompt: rows with the same real prompt tokens share it."""
+    prompts = torch.where(mask[:, :response_start].bool(), ids[:, :response_start], -1)
+    return torch.unique(prompts, dim=0, return_inverse=True)[1]
+
+
+def pack(ids: Tensor, mask: Tensor, response_start: int, share_prompts: bool = False) -> Packed:
     """Pack left-padded prompts followed by right-padded responses (``Rollouts.sequences()``).
 
     Args:
         ids: ``[n, P + T]`` token ids.
         mask: ``[n, P + T]`` 1 on real tokens; every row has at least one real prompt token.
         response_start: ``P``, where responses begin.
+        share_prompts: rows with the same prompt (a GRPO group) read one copy of it: the pack
+            holds it once, before the first such row's response, and every such row's attention
+            reads its keys (``rows_attention`` only: transformers' own packed mask cannot).
     """
     mask = mask.bool()
     n, width = ids.shape
-    lengths = mask.sum(1)  # [n]
-    # the packed index of every real token, row after row, in order
+    first = torch.arange(n, device=ids.device)  # the row whose copy of the prompt is packed
+    if share_prompts and n > 1:
+        group = prompt_groups(ids, mask, response_start)
+        first = torch.full((int(group.max()) + 1,), n, device=ids.device)
+        first = first.scatter_reduce(0, group, torch.arange(n, device=ids.device), "amin")[group]
+    emitted = mask.clone()
+    emitted[first != torch.arange(n, device=ids.device), :response_start] = False
+    # the packed index of every real token: a shared prompt's tokens are its first row's
     index = torch.full((n, width), -1, dtype=torch.long, device=ids.device)
-    index[mask] = torch.arange(int(lengths.sum()), device=ids.device)
-    positions = (mask.cumsum(1) - 1)[mask]  # [L]
+    index[emitted] = torch.arange(int(emitted.sum()), device=ids.device)
+    index[:, :response_start] = index[first, :response_start]
+    position = mask.cumsum(1) - 1  # [n, P + T] each real token's place in its row
     response = mask[:, response_start:]  # [n, T]
     rows, cols = response.nonzero(as_tuple=True)  # [M] each
     # the logit at a token's predecessor predicts it: the last prompt token for the first
     where = index[rows, cols + response_start - 1]
     return Packed(
-        ids=ids[mask].unsqueeze(0),
-        positions=positions.unsqueeze(0),
+        ids=ids[emitted].unsqueeze(0),
+        positions=position[emitted].unsqueeze(0),
         where=where,
         targets=ids[rows, cols + response_start],
         rows=rows,
         cols=cols,
         shape=(n, width - response_start),
+        layout=RowLayout.of(mask, position, index, emitted),
     )
 
 
-def micro_batches(tokens: Tensor, budget: int | None) -> list[Tensor]:
+def micro_batches(tokens: Tensor, budget: int | None, groups: Tensor | None = None) -> list[Tensor]:
     """Split rows into groups of at most ``budget`` tokens each (first fit, longest first).
+
+    A row counts its prompt whether or not it shares it (``pack(share_prompts=True)``): the
+    budget bounds what attention lays out, rows x their prompt and response, as well as what
+    the layers read. Sharing is the saving of the rest of the forward.
 
     Args:
         tokens: ``[n]`` each row's real tokens (prompt and response).
         budget: the most tokens a group may hold; a row longer than it gets a group of its own.
             None: one group of every row.
+        groups: ``[n]`` each row's prompt (``prompt_groups``): a row goes where rows of its
+            prompt already are if it fits there, so that they share it.
 
     Returns:
         Row indices, one ``[k]`` tensor per group, each in increasing order.
@@ -128,18 +160,23 @@ def micro_batches(tokens: Tensor, budget: int | None) -> list[Tensor]:
     n = tokens.shape[0]
     if budget is None or n == 0:
         return [torch.arange(n)]
-    groups: list[list[int]] = []
+    of = [0] * n if groups is None else groups.tolist()
+    packs: list[list[int]] = []
     room: list[int] = []
+    holds: list[set[int]] = []
     for i in torch.argsort(tokens.cpu(), descending=True, stable=True).tolist():
         size = int(tokens[i])
-        fit = next((g for g, r in enumerate(room) if r >= size), None)
+        fits = [k for k, r in enumerate(room) if r >= size]
+        fit = next((k for k in fits if of[i] in holds[k]), fits[0] if fits else None)
         if fit is None:
-            groups.append([i])
+            packs.append([i])
             room.append(budget - size)
+            holds.append({of[i]})
         else:
-            groups[fit].append(i)
+            packs[fit].append(i)
             room[fit] -= size
-    return [torch.tensor(sorted(g), dtype=torch.long) for g in groups]
+            holds[fit].add(of[i])
+    return [torch.tensor(sorted(g), dtype=torch.long) for g in packs]
 
 
 def packed_logprobs(
@@ -168,7 +205,7 @@ def packed_logprobs(
         chunk_tokens,
     )
     positions = packed.positions.to(device)
-    with head_swapped(model, head), rows_attention_for(model, positions[0]) as extra:
+    with head_swapped(model, head), rows_attention_for(model, packed, device) as extra:
         # no cache: transformers reads restarting positions as packed rows only without one
         out = model(
             input_ids=packed.ids.to(device), position_ids=positions, use_cache=False, **extra
@@ -210,29 +247,46 @@ def sequence_logprobs(
 class RowLayout:
     """A pack's tokens laid out as rows side by side, ``[rows, width]``, for attention.
 
+    Each row is its prompt then its response from slot 0, right-padded; a prompt packed once
+    for several rows (``pack(share_prompts=True)``) is laid out in every one of them.
+
     Attributes:
-        slots: ``[L]`` each packed token's place in the layout seen as ``[rows * width]``.
+        source: ``[rows * width]`` the packed token in each slot; ``L`` (past the pack) in a
+            padded slot.
+        slots: ``[L]`` each packed token's slot, where its output is read back (a shared
+            prompt's: its first row's).
         rows: how many rows the pack holds.
         width: the longest row's tokens.
     """
 
+    source: Tensor  # [rows * width] long
     slots: Tensor  # [L] long
     rows: int
     width: int
 
     @classmethod
-    def of(cls, positions: Tensor) -> RowLayout:
-        """The layout of a pack whose ``positions [L]`` restart at 0 with every row."""
-        row = (positions == 0).cumsum(0) - 1  # [L]
-        width = int(positions.max()) + 1 if positions.numel() else 1
-        return cls(row * width + positions, int(row[-1]) + 1 if positions.numel() else 0, width)
+    def of(cls, mask: Tensor, position: Tensor, index: Tensor, emitted: Tensor) -> RowLayout:
+        """From ``pack``'s ``[n, P + T]`` real tokens, their places in their rows, their packed
+        indices and which of them are packed (row after row)."""
+        n = mask.shape[0]
+        width = int(mask.sum(1).max()) if n else 1
+        tokens = int(emitted.sum())
+        source = torch.full((n, width), tokens, dtype=torch.long, device=mask.device)
+        rows, cols = mask.nonzero(as_tuple=True)
+        source[rows, position[rows, cols]] = index[rows, cols]
+        rows, cols = emitted.nonzero(as_tuple=True)  # row-major: the packed order
+        return cls(source.flatten(), rows * width + position[rows, cols], n, width)
+
+    def to(self, device: torch.device) -> RowLayout:
+        return RowLayout(self.source.to(device), self.slots.to(device), self.rows, self.width)
 
     def lay_out(self, packed: Tensor) -> Tensor:
         """``[1, h, L, d]`` -> ``[rows, h, width, d]``, zeros in the padded slots."""
         flat = packed[0].transpose(0, 1)  # [L, h, d]
-        # index_put, not index_copy: its backward keeps no copy of the packed tokens
-        laid = flat.new_zeros(self.rows * self.width, *flat.shape[1:])
-        laid = laid.index_put((self.slots,), flat)
+        # index_select, not a copy per row: its backward adds a shared prompt's gradients up
+        # and keeps no copy of the packed tokens
+        padded = torch.cat([flat, flat.new_zeros(1, *flat.shape[1:])])
+        laid = padded.index_select(0, self.source)
         return laid.view(self.rows, self.width, *flat.shape[1:]).transpose(1, 2)
 
     def gather(self, laid: Tensor) -> Tensor:
@@ -285,17 +339,25 @@ def lays_out_rows(model: nn.Module) -> bool:
 
 
 @contextmanager
-def rows_attention_for(model: nn.Module, positions: Tensor) -> Iterator[dict[str, Any]]:
+def rows_attention_for(
+    model: nn.Module, packed: Packed, device: torch.device
+) -> Iterator[dict[str, Any]]:
     """``model``'s attention is ``rows_attention`` for the block, where it can be; yields the
     extra arguments of its forward (none: transformers' own packed mask)."""
     if not lays_out_rows(model):
+        if packed.shares_prompts:
+            raise ValueError(
+                f"{type(model).__name__} does not lay packed rows out for attention "
+                f"(attention {getattr(model.config, '_attn_implementation', None)!r}): its "
+                "packs must not share prompts (pack with share_prompts=lays_out_rows(model))."
+            )
         yield {}
         return
     config = model.config
     before = config._attn_implementation
     config._attn_implementation = ROWS_ATTENTION
     try:
-        yield {"attention_mask": {"full_attention": RowLayout.of(positions)}}
+        yield {"attention_mask": {"full_attention": packed.layout.to(device)}}
     finally:
         config._attn_implementation = before
 

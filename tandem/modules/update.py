@@ -2,8 +2,9 @@
 
 ``accumulate`` is the body of every optimizer step of ``TandemGRPO.update``: for each micro-batch
 (rows packed without padding under a token budget, ``tandem.modules.logprobs.micro_batches``) one
-forward of the senior, its share of the mini-batch's loss (each token weighted as the whole
-mini-batch weighs it, ``LossWeights``) and one backward. The summed gradient is the one a single
+forward of the senior (the rows of one prompt reading one copy of it), its share of the
+mini-batch's loss (each token weighted as the whole mini-batch weighs it, ``LossWeights``) and
+one backward. The summed gradient is the one a single
 pass over the whole mini-batch would give, at any budget; a micro-batch with a share of 0 (a
 repeat that keeps the ranks of a distributed run in step) adds nothing.
 
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from tandem.modules.logprobs import CHUNK_TOKENS, pack, packed_logprobs
+from tandem.modules.logprobs import CHUNK_TOKENS, lays_out_rows, pack, packed_logprobs
 from tandem.modules.loss import LossConfig, LossWeights, grpo_loss
 
 
@@ -79,8 +80,9 @@ def accumulate(
     local = {int(r): i for i, r in enumerate(mini_batch.tolist())}
     totals: dict[str, Tensor] = {}
     seen = []
+    share_prompts = lays_out_rows(model)
     for rows, share in parts:
-        packed = pack(batch.ids[rows], batch.mask[rows], batch.start)
+        packed = pack(batch.ids[rows], batch.mask[rows], batch.start, share_prompts)
         (logp,) = packed_logprobs(model, packed, [temperature], chunk_tokens)  # [n, T]
         dev = logp.device
         loss, stats = grpo_loss(

@@ -93,11 +93,22 @@ def layer_bytes_per_token(m: ModelShape, cb: int, autocast: bool, rows: bool | N
     )
 
 
+def slot_bytes(m: ModelShape, cb: int) -> int:
+    """Of ``layer_bytes_per_token``, what is saved per slot of the rows laid out for attention
+    (the laid-out queries, keys and values, sdpa's output and its float32 log-sum-exp), not per
+    token read: a prompt read once for several rows is laid out in each (measured,
+    ``tests/test_plan.py``)."""
+    return cb * (2 * m.q + 2 * m.kv) + 4 * m.heads if m.rows_attention else 0
+
+
 def activation_bytes(s: Settings) -> tuple[int, int]:
-    """``(saved activations, attention mask)`` of the largest micro-batch's forward."""
-    m, t, cb = s.senior, s.micro_tokens, s.compute_bytes
+    """``(saved activations, attention mask)`` of the largest micro-batch's forward: its rows'
+    ``micro_tokens`` laid out for attention, ``read_positions`` of them read by the layers."""
+    m, slots, cb = s.senior, s.micro_tokens, s.compute_bytes
+    t = s.read_positions
     resid = residual_bytes(s)
-    layer = t * layer_bytes_per_token(m, cb, s.autocast)
+    per_slot = slot_bytes(m, cb)
+    layer = t * (layer_bytes_per_token(m, cb, s.autocast) - per_slot) + slots * per_slot
     # after the layers: the final norm's saved input and output, the positions picked for the
     # LM head, and the rotary tables
     rest = t * ((4 + resid) * m.hidden + resid * m.hidden + 2 * m.head_dim * resid + 24)
@@ -106,13 +117,13 @@ def activation_bytes(s: Settings) -> tuple[int, int]:
         acts, biases = t * m.hidden * resid * m.layers + layer, 1
     else:
         acts, biases = m.layers * layer, m.layers
-    mask = 0 if m.rows_attention else t * t * (1 + biases * cb)
+    mask = 0 if m.rows_attention else slots * slots * (1 + biases * cb)
     return acts + rest, mask
 
 
 def backward_bytes(s: Settings) -> int:
     """What a backward holds beyond the saved activations and the gradients (see the module)."""
-    m, t, cb, chunk = s.senior, s.micro_tokens, s.compute_bytes, s.logprob_chunk_tokens
+    m, t, cb, chunk = s.senior, s.read_positions, s.compute_bytes, s.logprob_chunk_tokens
     head = logits_bytes(m, chunk, s.head_positions, cb, grad=True)
     # under FSDP2 the unsharded root gradients are counted with the gathered senior
     weight = 0 if s.strategy == "fsdp2" else m.vocab * m.hidden * s.weight_bytes
@@ -137,26 +148,41 @@ def logits_bytes(m: ModelShape, chunk: int, tokens: int, cb: int, grad: bool) ->
 
 
 def layer_working_set(
-    m: ModelShape, tokens: int, cb: int, resid: int, mask: int | None = None
+    m: ModelShape,
+    tokens: int,
+    cb: int,
+    resid: int,
+    mask: int | None = None,
+    slots: int | None = None,
 ) -> int:
     """The largest working set of a layer's forward without gradients: the residual stream and
-    the layer's widest intermediates (the MLP's gate, up and product; or attention's queries,
-    keys and values as laid out, and its output), and the mask with a float bias of it."""
+    the layer's widest intermediates (the MLP's gate, up and product over the ``tokens`` read;
+    or attention's queries, keys and values as laid out in ``slots``, default ``tokens``, and
+    its output), and the mask with a float bias of it."""
     h = m.hidden
-    per_token = 2 * resid * h + 4 * h + max(3 * m.intermediate * cb, 4 * m.q * cb)
+    slots = tokens if slots is None else slots
+    widest = max(3 * m.intermediate * cb * tokens, 4 * m.q * cb * slots)
     mask = tokens * tokens if mask is None else mask
-    return tokens * per_token + mask * (1 + cb)
+    return tokens * (2 * resid * h + 4 * h) + widest + mask * (1 + cb)
 
 
 def no_grad_forward(
-    m: ModelShape, tokens: int, positions: int, chunk: int, cb: int, resid: int
+    m: ModelShape,
+    tokens: int,
+    positions: int,
+    chunk: int,
+    cb: int,
+    resid: int,
+    read: int | None = None,
 ) -> int:
-    """A log-prob pass without gradients over a pack of ``tokens``, ``positions`` of them
-    through the LM head (the old or reference log-probs): the larger of a layer's working set
-    and the LM head's chunk beside the last hidden states."""
+    """A log-prob pass without gradients over a pack of rows of ``tokens``, ``read`` of them
+    read by the layers (default all), ``positions`` through the LM head (the old or reference
+    log-probs): the larger of a layer's working set and the LM head's chunk beside the last
+    hidden states."""
+    read = tokens if read is None else read
     mask = 0 if m.rows_attention else None
-    head = tokens * m.hidden * resid + logits_bytes(m, chunk, positions, cb, grad=False)
-    return max(layer_working_set(m, tokens, cb, resid, mask), head)
+    head = read * m.hidden * resid + logits_bytes(m, chunk, positions, cb, grad=False)
+    return max(layer_working_set(m, read, cb, resid, mask, slots=tokens), head)
 
 
 def kv_per_token(s: Settings) -> tuple[int, int]:

@@ -212,7 +212,9 @@ def rank_terms(
     phases = {"rollout": {**_held(s), **_compute(s, "rollout"), **rollout}}
     if s.old_pass:
         cb, resid = s.compute_bytes, act.residual_bytes(s)
-        forward = act.no_grad_forward(s.senior, t, s.head_positions, chunk, cb, resid)
+        forward = act.no_grad_forward(
+            s.senior, t, s.head_positions, chunk, cb, resid, s.read_positions
+        )
         phases["old_logprobs"] = {
             **_held(s),
             **_compute(s, "old_logprobs"),
@@ -220,7 +222,9 @@ def rank_terms(
         }
     if s.junior_reference:
         cb = act.junior_compute_bytes(s)
-        forward = act.no_grad_forward(s.junior, t, s.head_positions, chunk, cb, s.junior_bytes)
+        forward = act.no_grad_forward(
+            s.junior, t, s.head_positions, chunk, cb, s.junior_bytes, s.read_positions
+        )
         phases["ref_logprobs"] = {
             **_held(s),
             **_compute(s, "old_logprobs"),

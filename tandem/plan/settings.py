@@ -54,6 +54,10 @@ class Settings:
         head_tokens: positions of the largest micro-batch that go through the LM head (its
             response tokens); None: every token of it, the bound a config allows. A
             measurement sets what it saw (``benchmarks/plan_memory.py``).
+        read_tokens: tokens the largest micro-batch's forward reads, its rows' prompts read
+            once a prompt (``tandem.modules.logprobs.pack(share_prompts=True)``); None: as
+            many as its rows hold, the bound a config allows (groups of rows share a prompt
+            only where they meet in a pack). A measurement sets what it saw.
         backend: ``module.backend.name`` (only the torch engine's memory is planned).
     """
 
@@ -87,6 +91,7 @@ class Settings:
     optimizer_states: int
     backend: str
     head_tokens: int | None = None
+    read_tokens: int | None = None
 
     @classmethod
     def from_config(cls, cfg: DictConfig, world_size: int | None = None) -> Settings:
@@ -172,6 +177,13 @@ class Settings:
         whole = math.ceil(self.rows_per_rank / self.mini_batches) * self.row_tokens
         budget = self.max_tokens_per_micro_batch
         return whole if budget is None else min(whole, max(budget, self.row_tokens))
+
+    @property
+    def read_positions(self) -> int:
+        """Tokens the largest micro-batch's forward reads (its rows hold ``micro_tokens``, as
+        attention lays them out)."""
+        t = self.micro_tokens
+        return t if self.read_tokens is None else min(t, self.read_tokens)
 
     @property
     def head_positions(self) -> int:

@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM
 
 import tandem.modules.logprobs as logprobs
 from tandem.assets import TINY_WORLD
-from tandem.modules.logprobs import RowLayout, lays_out_rows, pack, packed_logprobs
+from tandem.modules.logprobs import lays_out_rows, pack, packed_logprobs
 
 # rows of very different lengths, a prompt of 1 token and a response of 1 among them
 PROMPTS = [3, 17, 1, 9, 30]
@@ -50,11 +50,48 @@ def test_rows_attention_equals_the_packed_mask(model, packed, monkeypatch) -> No
 
 
 def test_the_layout_puts_each_token_at_its_row_and_position(packed) -> None:
-    layout = RowLayout.of(packed.positions[0])
+    layout = packed.layout
     lengths = [a + b for a, b in zip(PROMPTS, RESPONSES, strict=True)]
     assert (layout.rows, layout.width) == (len(lengths), max(lengths))
     expected = torch.cat([i * max(lengths) + torch.arange(n) for i, n in enumerate(lengths)])
     assert torch.equal(layout.slots, expected)
+    assert not packed.shares_prompts
+
+
+def groups(model) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Three groups' rows, interleaved: prompts of 5, 12 and 1 tokens shared by 3, 2 and 1 rows
+    with responses of very different lengths."""
+    g = torch.Generator().manual_seed(1)
+    plens, of = [5, 12, 1], [0, 1, 0, 2, 1, 0]
+    rlens = [30, 2, 17, 9, 1, 44]
+    p, t = max(plens), max(rlens)
+    prompts = [torch.randint(3, model.config.vocab_size, (n,), generator=g) for n in plens]
+    ids = torch.randint(3, model.config.vocab_size, (len(of), p + t), generator=g)
+    mask = torch.zeros_like(ids)
+    for i, (k, r) in enumerate(zip(of, rlens, strict=True)):
+        ids[i, p - plens[k] : p] = prompts[k]
+        mask[i, p - plens[k] : p + r] = 1
+    return ids, mask, p
+
+
+def test_rows_of_one_prompt_read_one_copy_of_it_and_get_the_same_gradient(model) -> None:
+    ids, mask, p = groups(model)
+    alone, shared = pack(ids, mask, p), pack(ids, mask, p, share_prompts=True)
+    # each prompt once: 5 + 12 + 1 of the 3 * 5 + 2 * 12 + 1 prompt tokens
+    assert alone.tokens - shared.tokens == (3 * 5 + 2 * 12 + 1) - (5 + 12 + 1)
+    assert shared.shares_prompts and (shared.layout.rows, shared.layout.width) == (6, 49)
+    alone_lp, alone_grad = logprobs_and_gradient(model, alone)
+    shared_lp, shared_grad = logprobs_and_gradient(model, shared)
+    assert torch.allclose(shared_lp, alone_lp, atol=2e-5)
+    assert (shared_grad - alone_grad).norm() / alone_grad.norm() < 1e-5
+    assert (alone_lp[mask[:, p:] == 0] == 0).all()
+
+
+def test_a_model_that_cannot_lay_rows_out_refuses_a_shared_pack(model, monkeypatch) -> None:
+    ids, mask, p = groups(model)
+    monkeypatch.setattr(logprobs, "lays_out_rows", lambda m: False)
+    with pytest.raises(ValueError, match="must not share prompts"), torch.no_grad():
+        packed_logprobs(model, pack(ids, mask, p, share_prompts=True), [1.0])
 
 
 def test_the_model_keeps_its_attention_even_when_the_forward_fails(model, packed) -> None:

@@ -14,12 +14,14 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tandem.assets import TINY_WORLD
-from tandem.modules.logprobs import micro_batches, sequence_logprobs
+from tandem.modules.logprobs import micro_batches, prompt_groups, sequence_logprobs
 from tandem.modules.loss import AGGREGATIONS, LossConfig, kl_penalty
 from tandem.modules.update import UpdateBatch, accumulate
 
-# rows of very different lengths: a prompt of 1 token, a response of 1, one over the budget
-PROMPTS = [3, 17, 1, 9, 30, 5, 12]
+# rows of very different lengths: a prompt of 1 token, a response of 1, one over the budget;
+# rows 0, 3 and 6 answer one prompt, rows 1 and 5 another (GRPO groups)
+SAME_AS = [0, 1, 2, 0, 4, 1, 0]
+PROMPTS = [[3, 17, 1, 9, 30, 5, 12][k] for k in SAME_AS]
 RESPONSES = [60, 1, 25, 3, 48, 7, 33]
 TEMPERATURE = 0.6
 BUDGET = 45
@@ -39,6 +41,7 @@ def batch(model) -> UpdateBatch:
     for i, (a, b) in enumerate(zip(PROMPTS, RESPONSES, strict=True)):
         mask[i, p - a : p] = 1
         mask[i, p : p + b] = 1
+        ids[i, :p] = ids[SAME_AS[i], :p]
     with torch.no_grad():
         base = padded_logprobs(model, ids, mask, p)
     real = mask[:, p:].bool()
@@ -111,9 +114,11 @@ def test_accumulated_packed_gradient_equals_one_padded_pass(
 
     model.zero_grad(set_to_none=True)
     rows = torch.arange(len(PROMPTS))
-    parts = micro_batches(batch.mask.sum(1), BUDGET)
+    groups = prompt_groups(batch.ids, batch.mask, batch.start)
+    parts = micro_batches(batch.mask.sum(1), BUDGET, groups)
     assert len(parts) >= 4, "the budget splits the mini-batch"
     assert any(len(p) > 1 for p in parts), "some micro-batches pack several rows"
+    assert any(len(set(groups[p].tolist())) < len(p) for p in parts), "some share a prompt"
     stats, _ = accumulate(
         model,
         batch,
@@ -149,6 +154,14 @@ def test_micro_batches_respect_the_budget_and_keep_every_row() -> None:
         # a row longer than the budget travels alone
         assert int(tokens[p].sum()) <= 50 or len(p) == 1
     assert len(micro_batches(tokens, None)) == 1
+
+
+def test_a_row_joins_the_rows_of_its_prompt_where_it_fits() -> None:
+    tokens = torch.tensor([40, 30, 10])
+    # first fit alone puts row 2 beside row 0; its prompt's row is in the second pack
+    assert [p.tolist() for p in micro_batches(tokens, 50)] == [[0, 2], [1]]
+    parts = micro_batches(tokens, 50, torch.tensor([1, 0, 0]))
+    assert [p.tolist() for p in parts] == [[0], [1, 2]]
 
 
 def test_packed_logprobs_equal_a_padded_forward(model, batch) -> None:

@@ -8,6 +8,7 @@ import json
 import math
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,11 @@ def test_parameters_are_counted_from_the_config_with_tied_embeddings_once(qwen3_
     assert shape.params == v * h + 36 * layer + h == 4_022_468_096  # 4.02B
     assert shape.root_params == v * h + h  # the embedding doubles as the LM head
     assert shape.kv_bytes["bfloat16"] == 36 * 8 * 128 * 2 * 2
+
+
+def test_the_paper_model_is_planned_offline_from_its_bundled_config(qwen3_4b: str) -> None:
+    bundled = model_shape("Qwen/Qwen3-4B-Instruct-2507")
+    assert replace(bundled, name="") == replace(model_shape(qwen3_4b), name="")
 
 
 def test_fsdp2_splits_master_weights_and_adam_state_across_devices(qwen3_4b: str) -> None:
@@ -152,7 +158,7 @@ def test_kv_caches_are_counted_as_the_engine_counts_them(qwen3_4b: str) -> None:
 
 def test_the_paper_layout_fits_two_80_gib_cards_with_two_kv_passes(qwen3_4b: str) -> None:
     # conf/trainer/paper_gpus.yaml: one FSDP2 process offloading its shards, the junior apart
-    plan = make_plan(paper(qwen3_4b, "++generation.kv_cache_gib=64"), devices=devices(2, 80))
+    plan = make_plan(paper(qwen3_4b), devices=devices(2, 80))  # as shipped
     assert plan.fits, [(d.name, d.peak / GiB) for d in plan.devices]
     # 64 GiB a card holds 14 of the 16 prompt groups: two passes of 8, as even as they go
     for d, term in zip(plan.devices, ("kv_cache_senior", "kv_cache_junior"), strict=True):

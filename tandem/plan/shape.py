@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -80,6 +81,19 @@ def kv_bytes_per_token(config: Any, dtype: str) -> int:
     return int(engine_count(config, getattr(torch, dtype)))
 
 
+# the public config.json of models the shipped configs name, so that their plan needs no hub
+BUNDLED = Path(__file__).with_name("shapes")
+
+
+def _config_source(resolved: str) -> str:
+    """A local folder as given; a hub name with a bundled config, that config's folder (the
+    plan reads the shape only); any other name as given, for transformers to fetch."""
+    bundled = BUNDLED / resolved.replace("/", "--")
+    if not Path(resolved).exists() and (bundled / "config.json").is_file():
+        return str(bundled)
+    return resolved
+
+
 @functools.cache
 def model_shape(name_or_path: str) -> ModelShape:
     """The shape of the model at ``name_or_path`` (``tiny``, a folder or a hub name), read from
@@ -90,7 +104,7 @@ def model_shape(name_or_path: str) -> ModelShape:
     from tandem.assets import resolve
 
     try:
-        config = AutoConfig.from_pretrained(resolve(name_or_path))
+        config = AutoConfig.from_pretrained(_config_source(resolve(name_or_path)))
     except OSError as err:  # not on disk, and the hub unreachable or without it
         from tandem.errors import ConfigError
 

@@ -200,7 +200,26 @@ class Parser:
         if t.kind == "cmd":
             return t.text in ("frac", "sqrt", "binom", "lfloor", "lceil", "begin", "lim", "int",
                               "sum")  # fmt: skip
+        if t.kind == "op" and t.text == "[":
+            return self.grouping_bracket()
         return t.kind == "op" and (t.text in ("(", "{") or (t.text == "|" and not self.abs_depth))
+
+    def grouping_bracket(self) -> bool:
+        """Whether the ``[`` here groups one value (``\\lambda^5 [e^x - 1]``) rather than opening
+        an interval: it holds no comma of its own and a ``]`` closes it. Only such a bracket may
+        follow a value as a factor; ``2 [0, 1]`` stays unreadable."""
+        depth = 0
+        for i in range(self.pos, len(self.toks)):
+            text = self.toks[i].text if self.toks[i].kind == "op" else ""
+            if text in ("(", "[", "{", "\\{"):
+                depth += 1
+            elif text in (")", "]", "}", "\\}"):
+                depth -= 1
+                if depth == 0:
+                    return text == "]"
+            elif text == "," and depth == 1:
+                return False
+        return False
 
     # -- atoms ----------------------------------------------------------------------------
     def primary(self) -> Answer:

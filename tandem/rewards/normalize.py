@@ -55,6 +55,13 @@ _UNIT_WORDS = re.compile(
 )
 _THOUSANDS = re.compile(r"(?<![\d.,])\d{1,3}(?:,\d{3})+(?!\d|,\d)")
 _REALS = re.compile(r"\\mathbb\s*\{?\s*R\s*\}?")
+# A gold written as code (``np.arcsin(10/13)``, ``math.sqrt(2)``): the module prefix of a
+# function or constant the grammar reads without it. Other names keep it (``np.log10`` is not
+# ``log`` of 10), and so does an answer: only golds are read this way.
+_CODE_NAME = re.compile(
+    r"(?<![\w.\\])(?:np|numpy|math)\.(?=(?:sqrt|exp|sin|cos|tan|arcsin|arccos|arctan|asin|"
+    r"acos|atan|sinh|cosh|tanh|floor|ceil|pi|e)(?![\w.]))"
+)
 _EMPTY_SET = re.compile(r"\\\{\s*\\\}")
 _SHORT_UNITS = frozenset(("cm", "mm", "km", "ft", "yd", "mi", "kg", "mg", "ml", "mL", "lb", "oz"))
 # Words that are mathematics, not units, when they end an answer (``3 pi``, ``x ln``).
@@ -63,6 +70,12 @@ MATH_WORDS = frozenset((
     "acos", "atan", "sinh", "cosh", "tanh", "ln", "log", "exp", "oo", "inf", "infty", "infinity",
     "gcd", "lcm", "max", "min", "floor", "ceil", "abs", "frac",
 ))  # fmt: skip
+
+
+def code_names(gold: str) -> str:
+    """``gold`` with the ``np.`` / ``numpy.`` / ``math.`` prefixes of the names the grammar
+    knows removed: ``np.arcsin(10/13)`` -> ``arcsin(10/13)``."""
+    return _CODE_NAME.sub("", gold)
 
 
 @dataclass(frozen=True)

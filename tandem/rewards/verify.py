@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 from tandem.rewards.answer import Parsed, ParseError
 from tandem.rewards.equivalence import answers_match
-from tandem.rewards.normalize import normalize
+from tandem.rewards.normalize import code_names, normalize
 from tandem.rewards.parse import parse_answer
 
 # Every verdict carries one of these; they are the keys of the per-reason counts.
@@ -84,7 +84,7 @@ def verify_answer(content: str, gold: str, rel_tol: float = 1e-9) -> Verdict:
 @functools.lru_cache(maxsize=4096)  # a gold recurs once per rollout of its prompt
 def _parse_gold(gold: str) -> Parsed | None:
     try:
-        return parse_answer(gold)
+        return parse_answer(code_names(gold))
     except Exception:
         return None
 

@@ -24,6 +24,7 @@ REQUIRED_TAGS = {
     "fractions", "radicals", "pi", "intervals", "sets", "set_notation", "tuples", "degrees",
     "units", "percent", "scientific", "matrices", "text", "words_case", "choices", "equations",
     "closed_forms", "multi_box", "symbolic", "complex", "integers", "bases", "decimals",
+    "brackets", "code_gold",
 }  # fmt: skip
 # A sum sympy evaluates term by term for minutes: a closed form only the deadline can stop.
 SLOW = r"\sum_{k=1}^{100000} \frac{1}{k^3+k+1}"
@@ -59,6 +60,18 @@ def test_agreement_is_at_least_98_percent_with_no_false_positive(reward):
     false_positives = [r for r, s in misses if s == 1.0]
     assert not false_positives, f"false positives:\n{report}"
     assert agreement >= 0.98, f"agreement {agreement:.2%} < 98%:\n{report}"
+
+
+@pytest.mark.parametrize("tag", ["brackets", "code_gold"])
+def test_square_bracket_grouping_and_golds_written_as_code_agree_item_by_item(reward, tag):
+    # the misses of real model outputs: `\left[ ... \right]` grouping one value, and a gold in
+    # NumPy syntax; each beside near misses that must stay wrong (an interval stays one)
+    rows = [json.loads(line) for line in CORPUS.read_text(encoding="utf-8").splitlines()]
+    rows = [r for r in rows if r["tag"] == tag]
+    scores = reward.score([r["response"] for r in rows], [r["gold"] for r in rows])
+    wrong = [(r["response"], r["gold"], s) for r, s in zip(rows, scores, strict=True)
+             if (s == 1.0) != r["correct"]]  # fmt: skip
+    assert len(rows) >= 10 and not wrong, wrong
 
 
 # -- several boxes ----------------------------------------------------------------------------

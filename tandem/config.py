@@ -9,6 +9,11 @@ trainer, the loggers); the others against the keys the run reads (``conf/train.y
 top level). A junior with a tokenizer of its own is checked as a pair (``check_pair``) from the
 two tokenizers alone, before either model loads.
 
+This module imports no model library when it loads: ``check_before_imports`` runs the checks that
+read only the config (its keys, ranges, batch shape and precision) before ``tandem.train`` imports
+torch, Lightning and transformers, so that a typo is refused in a second; the checks that read a
+class's signature or a tokenizer import what they read, inside ``validate_train_config``.
+
 What this file leaves out: composing the config (Hydra) and building objects from it
 (``tandem.train``).
 """
@@ -29,14 +34,7 @@ from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
 from tandem.assets import resolve
-from tandem.data.checks import check_hf_source
-from tandem.engine import SamplingParams
-from tandem.engine.cross import same_vocabulary, split_problem
 from tandem.errors import ConfigError
-from tandem.metrics.base import ROLLOUT_INPUTS
-from tandem.metrics.per_byte import cross_vocabulary_problem
-from tandem.modules.loss import ADVANTAGE_MODES, OLD_LOGPROB_SOURCES, LossConfig
-from tandem.modules.models import DTYPES, check_model_path, load_tokenizer
 from tandem.registry import (
     BACKENDS,
     DATASETS,
@@ -47,10 +45,10 @@ from tandem.registry import (
     RegistryError,
     check_arguments,
 )
-from tandem.samplers.boundaries import tables_from_surfaces
 
 __all__ = [
     "ConfigError",
+    "check_before_imports",
     "check_component",
     "check_pair",
     "config_error_message",
@@ -152,28 +150,76 @@ RANGES: dict[str, Rule] = {
         "an integer >= 1, or null for the model's context minus generation.max_new_tokens",
     ),
     "trainer.max_steps": (lambda v: _int(v) and v >= 1, "an integer >= 1: the run's length"),
+    "trainer.devices": (
+        lambda v: _devices(v),
+        "an integer >= 1 (devices per node), -1 (all), 'auto', or a list of device ids",
+    ),
+    "trainer.num_nodes": (lambda v: _int(v) and v >= 1, "an integer >= 1"),
     "trainer.log_every_n_steps": (lambda v: _int(v) and v >= 1, "an integer >= 1"),
 }
+
+
+def _devices(v: Any) -> bool:
+    """What Lightning's ``devices`` takes, less what selects no device (0, "0", [])."""
+    if isinstance(v, str):
+        v = v.strip()
+        ids = [part.strip() for part in v.split(",") if part.strip()]
+        return (
+            v in ("auto", "-1")
+            or (v.isdigit() and int(v) >= 1)
+            or ("," in v and bool(ids) and all(i.isdigit() for i in ids))
+        )
+    if isinstance(v, list | tuple):
+        return bool(v) and all(_int(i) and i >= 0 for i in v)
+    return _int(v) and (v >= 1 or v == -1)
+
+
+def check_before_imports(cfg: DictConfig, world_size: int = 1) -> None:
+    """Raise ``ConfigError`` for the problems a config shows without any model library: its
+    keys, ranges, batch shape and precision. ``validate_train_config`` checks these too; this
+    subset runs before torch loads, so that a typo costs a second, not the imports."""
+    problems = _problems_before_imports(OmegaConf.to_container(cfg, resolve=False), world_size)
+    _raise_problems(
+        problems,
+        " (the model, the data and the components' arguments are checked once these are fixed)",
+    )
+
+
+def _problems_before_imports(c: dict, world_size: int) -> list[str]:
+    problems: list[str] = []
+    unknown_keys(problems, "", c, _top_level_keys())
+    unknown_keys(problems, "validation", c.get("validation"), VALIDATION_KEYS)
+    unknown_keys(problems, "model", c.get("model"), MODEL_KEYS)
+    val = c.get("validation") or {}
+    if val.get("monitor") not in MONITORS:
+        problems.append(
+            f"validation.monitor ({val.get('monitor')!r}) must be one of {list(MONITORS)}."
+        )
+    _check_batch(problems, c, world_size)
+    _check_ranges(problems, c)
+    _check_precision(problems, c)
+    return problems
+
+
+def _raise_problems(problems: list[str], note: str = "") -> None:
+    if problems:
+        raise ConfigError(
+            f"{len(problems)} problem(s) in the config{note}:\n"
+            + "\n".join(f"- {p}" for p in problems)
+        )
 
 
 def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
     """Raise ``ConfigError`` listing every problem of a training config."""
     c = OmegaConf.to_container(cfg, resolve=False)
-    problems: list[str] = []
+    problems = _problems_before_imports(c, world_size)
     _check_keys(problems, c)
     check_sampler(problems, "sampler", c.get("sampler"))
     check_component(problems, "reward", c.get("reward"), REWARDS)
     val = c.get("validation") or {}
     if val.get("sampler") is not None:
         check_sampler(problems, "validation.sampler", val["sampler"])
-    if val.get("monitor") not in MONITORS:
-        problems.append(
-            f"validation.monitor ({val.get('monitor')!r}) must be one of {list(MONITORS)}."
-        )
     check_metrics(problems, "metrics", c.get("metrics"))
-    _check_batch(problems, c, world_size)
-    _check_ranges(problems, c)
-    _check_precision(problems, c)
     _check_module(problems, c.get("module") or {})
     _check_target(problems, "trainer", c.get("trainer"), TRAINER_FROM_RUN)
     for where, spec in _indexed("logger", c.get("logger")):
@@ -182,10 +228,7 @@ def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
     if not problems:  # both models' folders are there: their tokenizers can be read
         check_pair(problems, c)
     _check_data(problems, _resolved(cfg, "data", c.get("data")))
-    if problems:
-        raise ConfigError(
-            f"{len(problems)} problem(s) in the config:\n" + "\n".join(f"- {p}" for p in problems)
-        )
+    _raise_problems(problems)
 
 
 def run_command(main: Callable[[], Any]) -> None:
@@ -268,6 +311,8 @@ def _registered(problems: list[str], key: str, spec: Any, registry: Registry) ->
 def check_sampler(problems: list[str], key: str, spec: Any) -> None:
     """``check_component`` for a sampler, then its own checks of its values (a rule or a
     boundary it does not know), by building it on a one-token stand-in vocabulary."""
+    from tandem.samplers.boundaries import tables_from_surfaces
+
     before = len(problems)
     check_component(problems, key, spec, SAMPLERS, skip=("tokenizer",))
     if len(problems) > before:
@@ -281,6 +326,8 @@ def check_sampler(problems: list[str], key: str, spec: Any) -> None:
 
 def check_metrics(problems: list[str], key: str, spec: Any) -> None:
     """``spec``: ``{log key: METRICS name}``, each a metric that a batch of rollouts can feed."""
+    from tandem.metrics.base import ROLLOUT_INPUTS
+
     if not isinstance(spec, dict):
         problems.append(f"{key} must be a mapping of log keys to metric names, e.g. {{n: name}}.")
         return
@@ -331,14 +378,15 @@ def unknown_keys(
 
 
 def _check_keys(problems: list[str], c: dict) -> None:
-    unknown_keys(problems, "", c, _top_level_keys())
+    """The keys of the groups read into a class of the package (the others: before imports)."""
+    from tandem.engine import SamplingParams
+    from tandem.modules.loss import LossConfig
+
     known = set(_arguments(SamplingParams)) - set(GENERATION_FROM_RUN)
     listed = "the arguments of tandem.engine.SamplingParams"
     unknown_keys(
         problems, "generation", c.get("generation"), known, GENERATION_FROM_RUN, listed=listed
     )
-    unknown_keys(problems, "validation", c.get("validation"), VALIDATION_KEYS)
-    unknown_keys(problems, "model", c.get("model"), MODEL_KEYS)
     module = c.get("module") or {}
     unknown_keys(problems, "module.loss", module.get("loss"), _arguments(LossConfig))
 
@@ -425,6 +473,8 @@ def _check_precision(problems: list[str], c: dict) -> None:
 
 
 def _check_module(problems: list[str], m: dict) -> None:
+    from tandem.modules.loss import ADVANTAGE_MODES, OLD_LOGPROB_SOURCES, LossConfig
+
     _check_target(problems, "module", m)
     for key, source in MODULE_FROM_RUN.items():
         if m.get(key) != f"${{{source}}}":
@@ -498,6 +548,8 @@ def _indexed(group: str, spec: Any) -> Iterable[tuple[str, Any]]:
 
 
 def _check_model(problems: list[str], model: dict) -> None:
+    from tandem.modules.models import DTYPES, check_model_path
+
     if model.get("dtype", "float32") not in DTYPES:
         problems.append(
             f"model.dtype ({model.get('dtype')!r}) must be one of {sorted(DTYPES)}: "
@@ -517,6 +569,9 @@ def cross_vocabulary_pair(problems: list[str], pair: dict[str, tuple[Any, str]])
 
     A tokenizer that does not load is a problem too, and the pair then counts as not crossed.
     """
+    from tandem.engine.cross import same_vocabulary, split_problem
+    from tandem.modules.models import load_tokenizer
+
     try:
         tokenizers = {key: load_tokenizer(path) for key, (_, path) in pair.items()}
     except Exception as err:  # a folder or hub name whose tokenizer does not load
@@ -542,6 +597,8 @@ def check_pair(problems: list[str], c: dict) -> None:
 
     Only the tokenizers load here (small files), never the models.
     """
+    from tandem.metrics.per_byte import cross_vocabulary_problem
+
     model = c.get("model") or {}
     senior, junior = model.get("name_or_path"), model.get("junior_name_or_path")
     if junior is None or resolve(junior) == resolve(senior):
@@ -596,6 +653,8 @@ def _resolved(cfg: DictConfig, key: str, fallback: Any) -> Any:
 
 
 def _check_data(problems: list[str], data: Any) -> None:
+    from tandem.data.checks import check_hf_source
+
     cls = _registered(problems, "data", data, DATASETS)
     if cls is None:
         return

@@ -10,6 +10,11 @@ Each run writes to its own folder (``outputs/<run_name>`` or ``multirun/<run_nam
 which it locks for its whole life; all runs share one Aim repository. A killed run resumes with
 the same ``run_name`` and ``ckpt_path=last`` (``tandem.runs``: what a start checks and records).
 
+A start is refused before torch, Lightning and transformers are imported whenever the config alone
+shows the problem (``tandem.config.check_before_imports``) or the folder is held: those imports
+take seconds, many more on a busy machine, so this file imports them only once both checks pass.
+A refused start leaves no run folder behind that holds nothing.
+
 Exit status: 0 for a finished run, 2 for a refused start (one message on stderr, no traceback:
 a config error, ``tandem.config``'s or Hydra's own such as an override of a key that does not
 exist; a held folder; a resume that would change what the checkpoint means), 128 + the signal
@@ -23,34 +28,29 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import hydra
-import lightning as L
-import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import InstantiationException
 from hydra.types import RunMode
-from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
-from tandem.config import ConfigError, exit_config_error, run_command, validate_train_config
-from tandem.data.datamodule import PromptDataModule, prompt_token_cap
-from tandem.modules.export import ExportSenior
-from tandem.modules.grpo import TandemGRPO
-from tandem.modules.junior import JuniorCallback
-from tandem.modules.models import context_length, load_tokenizer
-from tandem.modules.progress import StepProgressBar
-from tandem.plan import check_plan
-from tandem.plan.report import summary, table
-from tandem.runs import DiskFull, RunInterrupted, RunStopped
-from tandem.runs.checkpoints import (
-    AtomicCheckpointIO,
-    StepCheckpoint,
-    disk_full_message,
-    out_of_space,
+from tandem.config import (
+    ConfigError,
+    check_before_imports,
+    exit_config_error,
+    run_command,
 )
-from tandem.runs.signals import StopOnSignal
-from tandem.runs.start import begin, hold_folder, is_launcher
+from tandem.runs import DiskFull, RunInterrupted, RunRefused, RunStopped
+from tandem.runs.lock import discard_unused, hold_folder, is_launcher
+
+if TYPE_CHECKING:
+    import lightning as L
+
+    from tandem.data.datamodule import PromptDataModule
+    from tandem.modules.grpo import TandemGRPO
+    from tandem.runs.signals import StopOnSignal
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,16 @@ def world_size(cfg: DictConfig) -> int:
 
 def build(cfg: DictConfig) -> tuple[L.Trainer, TandemGRPO, PromptDataModule, StopOnSignal]:
     """Everything ``fit`` needs, from a validated config."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from tandem.data.datamodule import PromptDataModule, prompt_token_cap
+    from tandem.modules.export import ExportSenior
+    from tandem.modules.junior import JuniorCallback
+    from tandem.modules.models import context_length, load_tokenizer
+    from tandem.modules.progress import StepProgressBar
+    from tandem.runs.checkpoints import AtomicCheckpointIO, StepCheckpoint
+    from tandem.runs.signals import StopOnSignal
+
     out = Path(cfg.output_dir)
     c = OmegaConf.to_container(cfg, resolve=True)
     tokenizer = load_tokenizer(cfg.model.name_or_path)
@@ -119,30 +129,46 @@ def build(cfg: DictConfig) -> tuple[L.Trainer, TandemGRPO, PromptDataModule, Sto
 
 
 def run(cfg: DictConfig) -> dict[str, Any]:
-    """Validate, build and fit; returns the final logged metrics. Raises ``RunRefused`` for a
-    start that is refused, ``RunInterrupted`` when a signal stopped the run."""
+    """Validate, build and fit; returns the final logged metrics. Raises ``ConfigError`` or
+    ``RunRefused`` for a start that is refused, ``RunInterrupted`` when a signal stopped the run.
+    """
+    check_before_imports(cfg, world_size(cfg))
+    with hold_folder(cfg):
+        return _fit(cfg)
+
+
+def _fit(cfg: DictConfig) -> dict[str, Any]:
+    """``run`` once the config's own checks passed and the folder is held."""
+    import lightning as L
+    import torch
+
+    from tandem.config import validate_train_config
+    from tandem.plan import check_plan
+    from tandem.plan.report import summary, table
+    from tandem.runs.checkpoints import disk_full_message, out_of_space
+    from tandem.runs.start import begin
+
     validate_train_config(cfg, world_size(cfg))
     # every byte each device will hold, from config.json alone: a run that cannot fit is
     # refused here (PlanError, exit 2), not by an out-of-memory error hours in
     plan = check_plan(cfg, world_size(cfg))
     if is_launcher():
         log.info("%s", table(plan))
-    with hold_folder(cfg):
-        ckpt = begin(cfg, plan=summary(plan))
-        if cfg.get("threads"):
-            torch.set_num_threads(cfg.threads)
-        L.seed_everything(cfg.seed, workers=True)
-        trainer, module, data, stop = build(cfg)
-        if trainer.global_rank == 0:
-            log.info("run folder %s; resume with: %s", cfg.output_dir, resume_hint(cfg))
-        try:
-            trainer.fit(module, datamodule=data, ckpt_path=ckpt)
-        except (OSError, RuntimeError) as err:  # any other write of the run: the export, logs
-            full = out_of_space(err)
-            if full is None:
-                raise
-            folder = Path(full.filename).parent if full.filename else Path(cfg.output_dir)
-            raise DiskFull(disk_full_message(folder, None)) from None
+    ckpt = begin(cfg, plan=summary(plan))
+    if cfg.get("threads"):
+        torch.set_num_threads(cfg.threads)
+    L.seed_everything(cfg.seed, workers=True)
+    trainer, module, data, stop = build(cfg)
+    if trainer.global_rank == 0:
+        log.info("run folder %s; resume with: %s", cfg.output_dir, resume_hint(cfg))
+    try:
+        trainer.fit(module, datamodule=data, ckpt_path=ckpt)
+    except (OSError, RuntimeError) as err:  # any other write of the run: the export, logs
+        full = out_of_space(err)
+        if full is None:
+            raise
+        folder = Path(full.filename).parent if full.filename else Path(cfg.output_dir)
+        raise DiskFull(disk_full_message(folder, None)) from None
     if stop.stopping:
         raise RunInterrupted(
             f"stopped by a signal at step {trainer.global_step}, its checkpoint saved; resume "
@@ -167,11 +193,15 @@ def resume_hint(cfg: DictConfig) -> str:
 def main(cfg: DictConfig) -> float | None:
     try:
         metrics = run(cfg)
-    except ConfigError as err:
-        # leaving here, not through Hydra's handler, keeps the message to itself: no traceback
+    except (ConfigError, InstantiationException) as err:
+        # leaving here, not through Hydra's handler, keeps the message to itself: no traceback,
+        # no "Error executing job" line; an object the config builds refused its arguments
+        discard_unused(cfg.output_dir)
         exit_config_error(err)
     except RunStopped as err:
         # the user's to act on: one line, no traceback
+        if isinstance(err, RunRefused):
+            discard_unused(cfg.output_dir)
         print(f"tandem.train: {err}", file=sys.stderr)
         sys.exit(err.exit_code)
     # returned for sweepers that optimise a metric

@@ -13,8 +13,10 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
 
-from tandem.config import ConfigError, config_error_message, validate_train_config
+from tandem.config import ConfigError, _check_ranges, config_error_message, validate_train_config
+from tests.refusal import train_cli
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 
@@ -385,27 +387,33 @@ def _one_message(proc: subprocess.CompletedProcess) -> list[str]:
     return lines
 
 
-def test_the_command_line_reports_every_problem_at_once_fast_and_exits_2(tmp_path: Path) -> None:
+def test_the_command_line_reports_the_configs_own_problems_then_every_other_at_once(
+    tmp_path: Path,
+) -> None:
     bad = tmp_path / "latin1.jsonl"
     bad.write_bytes(b'{"problem": "caf\xe9", "answer": "1"}\n')
-    start = time.monotonic()
-    proc = _cli(
+    overrides = (
         f"model.name_or_path={NO_SUCH_MODEL}",
         "+module.optimizer.lrr=1",
-        "group_size=1",
         "batch_size=4",
         "data=deepscaler",
         "data.path=json",
         f"+data.data_files={bad}",
         "data.holdout=1",
-        # a closed local port: the hub probe is refused at once, as on a machine without network
-        env={"HF_ENDPOINT": "http://127.0.0.1:9"},
     )
+    # a closed local port: the hub probe is refused at once, as on a machine without network
+    env = {"HF_ENDPOINT": "http://127.0.0.1:9"}
+    proc = _cli(*overrides, "group_size=1", env=env)
+    # what the config alone shows is refused first, before any model library is imported
+    header, line = _one_message(proc)
+    assert header.startswith("config error: 1 problem(s) in the config (the model, the data")
+    assert "group_size (1)" in line
+    start = time.monotonic()
+    proc = _cli(*overrides, "group_size=2", env=env)
     elapsed = time.monotonic() - start
     lines = _one_message(proc)
-    assert lines[0] == "config error: 4 problem(s) in the config:"
+    assert lines[0] == "config error: 3 problem(s) in the config:"
     assert any("optimizer.lrr" in line and "module.optimizer.lr?" in line for line in lines)
-    assert any("group_size (1)" in line for line in lines)
     assert any(f"{bad}'): line 1 is not UTF-8" in line for line in lines)
     assert any("model.name_or_path" in line and "cannot be reached" in line for line in lines)
     # the hub's retries this replaces took 54 s; what is left is starting Python and torch
@@ -441,3 +449,40 @@ def test_the_module_group_builds_the_module_and_its_optimizer() -> None:
     module = hydra.utils.instantiate(train_config("module.scheduler=null").module)
     module.configure_model()
     assert isinstance(module.configure_optimizers(), torch.optim.AdamW), "no scheduler"
+
+
+def test_a_config_error_is_refused_before_torch_lightning_or_transformers_load(
+    tmp_path: Path,
+) -> None:
+    run = tmp_path / "run"
+    # Hydra's own refusal of a key the config lacks, then ours of values
+    typos = ("sampler.pp=0.3", "generation.temperature=0", "batch_size=7", "trainer.devices=0")
+    for override in typos:
+        proc, heavy = train_cli(f"hydra.run.dir={run}", override)
+        assert proc.returncode == 2 and proc.stderr.startswith("config error: "), proc.stderr
+        assert heavy == [], f"{override}: refused only after importing {heavy}"
+        # the refused start leaves no folder that holds nothing
+        assert not run.exists(), sorted(p.name for p in run.iterdir())
+
+
+def test_devices_0_is_one_message_with_no_start_recorded(tmp_path: Path) -> None:
+    proc = _cli(f"hydra.run.dir={tmp_path / 'run'}", "trainer.devices=0")
+    _, line = _one_message(proc)
+    assert "Error executing job" not in proc.stderr + proc.stdout
+    assert line.startswith("- trainer.devices (0) must be an integer >= 1"), line
+    assert not (tmp_path / "run").exists()  # no run_info.json, no empty folder
+
+
+@pytest.mark.parametrize(
+    ("devices", "ok"),
+    [
+        *[(1, True), (-1, True), ("auto", True), ([0, 1], True), ("0,1", True), ("2", True)],
+        *[(0, False), ("0", False), ([], False), (-2, False), ("x", False), (True, False)],
+    ],
+)
+def test_devices_takes_what_lightning_takes_less_no_device(devices, ok: bool) -> None:
+    cfg = train_config()
+    cfg.trainer.devices = devices
+    problems: list[str] = []
+    _check_ranges(problems, OmegaConf.to_container(cfg, resolve=False))
+    assert (problems == []) is ok, problems

@@ -5,8 +5,11 @@ its process dies, however it dies. Beside it, ``run.lock.json`` names the holder
 start time) for the message a second start gets. That file outlives a killed holder: finding it
 when the lock is free means the last run was killed, and the new one takes over with a warning.
 
-What this file leaves out: who locks (``tandem.train``: the launching process only, not the
-ranks a distributed strategy starts).
+Only the launching process locks (``is_launcher``), not the ranks a distributed strategy starts.
+A start that is refused removes the run folder it leaves holding nothing (``discard_unused``).
+This file imports no model library, so that a held folder is refused before any loads.
+
+What this file leaves out: what a start does once it holds the folder (``tandem.runs.start``).
 """
 
 from __future__ import annotations
@@ -16,11 +19,14 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
 import psutil
 from filelock import FileLock, Timeout
+from omegaconf import DictConfig
 
 from tandem.runs import RunRefused
 
@@ -28,6 +34,59 @@ log = logging.getLogger(__name__)
 
 LOCK = "run.lock"
 OWNER = "run.lock.json"
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID")
+
+
+def is_launcher() -> bool:
+    """True in the process that starts a run; False in the other ranks of a distributed run
+    (Lightning, torchrun and SLURM give those a non-zero rank in the environment)."""
+    return all(int(os.environ.get(v, "0") or 0) == 0 for v in RANK_VARIABLES)
+
+
+@contextmanager
+def hold_folder(cfg: DictConfig) -> Iterator[None]:
+    """Hold the run folder's lock (launching process only) for the ``with`` block."""
+    label = f"run_name={cfg.run_name}"
+    lock = RunLock(cfg.output_dir, label) if is_launcher() else nullcontext()
+    with lock:
+        yield
+
+
+def discard_unused(folder: str | Path) -> bool:
+    """Remove ``folder`` if it holds nothing of a run, as a refused start leaves it: no record,
+    no checkpoint, no log line; only empty ``*.log`` files (Hydra opens ``train.log`` before
+    the run starts) and the lock file. Returns whether it was removed.
+
+    A folder another process holds, or one with anything else in it, is left as it is.
+    """
+    folder = Path(folder)
+    try:
+        entries = list(folder.iterdir())
+        unused = all(
+            e.name == LOCK or (e.suffix == ".log" and e.is_file() and e.stat().st_size == 0)
+            for e in entries
+        )
+    except OSError:
+        return False
+    if not unused or not is_launcher():
+        return False
+    lock = FileLock(folder / LOCK)
+    try:
+        lock.acquire(blocking=False)
+    except Timeout:
+        return False  # a start that is taking the folder
+    try:
+        for entry in entries:
+            if entry.name != LOCK:
+                entry.unlink(missing_ok=True)
+    finally:
+        lock.release()
+    try:
+        (folder / LOCK).unlink(missing_ok=True)
+        folder.rmdir()
+    except OSError:
+        return False
+    return True
 
 
 class RunLock:

@@ -13,9 +13,6 @@ What this file leaves out: building and fitting the run (``tandem.train``).
 from __future__ import annotations
 
 import logging
-import os
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +27,7 @@ from tandem.runs.checkpoints import (
     step_checkpoints,
     verify,
 )
-from tandem.runs.lock import RunLock
+from tandem.runs.lock import is_launcher
 from tandem.runs.resume import (
     CHOICES,
     changes,
@@ -42,23 +39,6 @@ from tandem.runs.resume import (
 )
 
 log = logging.getLogger(__name__)
-
-RANK_VARIABLES = ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID")
-
-
-def is_launcher() -> bool:
-    """True in the process that starts a run; False in the other ranks of a distributed run
-    (Lightning, torchrun and SLURM give those a non-zero rank in the environment)."""
-    return all(int(os.environ.get(v, "0") or 0) == 0 for v in RANK_VARIABLES)
-
-
-@contextmanager
-def hold_folder(cfg: DictConfig) -> Iterator[None]:
-    """Hold the run folder's lock (launching process only) for the ``with`` block."""
-    label = f"run_name={cfg.run_name}"
-    lock = RunLock(cfg.output_dir, label) if is_launcher() else nullcontext()
-    with lock:
-        yield
 
 
 def begin(cfg: DictConfig, **record: Any) -> str | None:

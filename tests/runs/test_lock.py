@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from tandem.runs import RunRefused
-from tandem.runs.lock import OWNER, RunLock, read_owner
+from tandem.runs.lock import OWNER, RunLock, discard_unused, read_owner
+from tests.refusal import train_cli
 
 HOLD = """
 import sys, time
@@ -57,13 +58,7 @@ def test_a_second_training_start_on_a_held_folder_exits_2_in_one_line(tmp_path: 
     try:
         assert holder.stdout.readline().strip() == "held"
         t0 = time.time()
-        second = subprocess.run(
-            [sys.executable, "-m", "tandem.train", f"hydra.run.dir={tmp_path}"],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=120,
-        )
+        second, heavy = train_cli(f"hydra.run.dir={tmp_path}")
         seconds = time.time() - t0
     finally:
         holder.kill()
@@ -74,4 +69,28 @@ def test_a_second_training_start_on_a_held_folder_exits_2_in_one_line(tmp_path: 
     assert f"PID {holder.pid}" in lines[0] and socket.gethostname() in lines[0]
     # refused before anything was loaded or written: no model, no record of its own
     assert not (tmp_path / ".hydra").exists() and not (tmp_path / "starts").exists()
+    assert heavy == [], f"refused only after importing {heavy}"
     assert seconds < 60, f"refused after {seconds:.0f} s"
+    # the holder's folder is its own: the refused start removes nothing of it
+    assert (tmp_path / "run.lock").exists()
+
+
+def test_a_refused_start_removes_the_folder_it_left_holding_nothing(tmp_path: Path) -> None:
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / "train.log").write_text("")
+    with RunLock(fresh):
+        pass  # leaves run.lock behind, as every released lock does
+    assert discard_unused(fresh) and not fresh.exists()
+    logged = tmp_path / "logged"
+    logged.mkdir()
+    (logged / "train.log").write_text("[INFO] resuming from step 5\n")
+    assert not discard_unused(logged) and (logged / "train.log").exists()
+    recorded = tmp_path / "recorded"
+    (recorded / "starts").mkdir(parents=True)
+    assert not discard_unused(recorded) and (recorded / "starts").is_dir()
+    held = tmp_path / "held"
+    with RunLock(held):
+        (held / OWNER).unlink()  # only the OS lock says it is held
+        assert not discard_unused(held) and (held / "run.lock").exists()
+    assert not discard_unused(tmp_path / "absent")

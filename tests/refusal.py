@@ -1,0 +1,35 @@
+"""Running ``python -m tandem.train`` in a child process that reports, at its exit, which of
+the heavy libraries it had imported: a refusal must come before any of them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+HEAVY = ("torch", "lightning", "transformers", "datasets")
+ROOT = Path(__file__).resolve().parents[1]
+# the module run as `python -m` would run it, then the heavy modules present at its exit
+CHILD = f"""
+import json, runpy, sys
+sys.argv = ["tandem.train", *sys.argv[1:]]
+try:
+    runpy.run_module("tandem.train", run_name="__main__", alter_sys=True)
+finally:
+    print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]), file=sys.__stdout__)
+"""
+
+
+def train_cli(*overrides: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """The finished child and the heavy modules it had imported."""
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, *overrides],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+    )
+    return proc, json.loads(proc.stdout.strip().splitlines()[-1])

@@ -13,6 +13,14 @@ The pulled-back share and the pull-back Spearman correlation are Tandem RL's alo
 against GRPO within a seed), so they are judged by the one-sample t-interval of their mean
 against a reference: 50% of the displaced items (a coin's share), and zero correlation.
 
+Every claim is also read against a null: the same figure for two seeds of one arm. For a
+per-seed figure the null is every GRPO-seed-minus-GRPO-seed difference over the pairs of GRPO
+seeds, and its spread the largest of them in absolute value; a claim reproduces against the null
+only where the arm's interval lies wholly beyond that spread in the paper's direction (an effect
+larger than two runs of GRPO already differ by), and is on par against it where the 90%
+interval lies inside it (``null_verdict``). The pull-back statistics are read against their own
+null in ``tandem.analysis.displacement.pullback_against_null``.
+
 What this file leaves out: where the values come from and the page (``tandem.analysis.study``).
 """
 
@@ -209,3 +217,50 @@ def _side(diff: float, higher_is_better: bool) -> str:
     if diff == 0:
         return "no difference"
     return "the paper's direction" if (diff > 0) == higher_is_better else "against the paper's"
+
+
+def seed_pair_differences(values: dict[int, float]) -> list[float]:
+    """``values[i] - values[j]`` for every pair of seeds ``i < j``: the null of one arm."""
+    seeds = sorted(values)
+    return [values[i] - values[j] for n, i in enumerate(seeds) for j in seeds[n + 1 :]]
+
+
+def null_verdict(claim: Claim, metric: str, trl: dict[int, float], grpo: dict[int, float]) -> str:
+    """A plain sentence on one metric read against the GRPO-seed-against-GRPO-seed null.
+
+    Args:
+        claim: the claim the metric belongs to.
+        metric: the metric's name.
+        trl, grpo: each arm's value by seed.
+    """
+    pairs = seed_pair_differences(grpo)
+    if not trl or not pairs:
+        return "No null: the study needs Tandem RL runs and at least two GRPO seeds."
+    m = max(abs(d) for d in pairs)
+    null = f"the null's spread ±{m:.3f} (the largest of {len(pairs)} GRPO seed pair differences)"
+    level = 0.90 if claim.on_par else 0.95
+    diff, lo, hi = difference_interval(list(trl.values()), list(grpo.values()), level)
+    what = f"Tandem RL minus GRPO {diff:+.3f}"
+    if math.isnan(lo):
+        return f"No interval with one Tandem RL seed: {what}, against {null}."
+    interval = f"{level:.0%} interval [{lo:+.3f}, {hi:+.3f}]"
+    if claim.on_par:
+        if -m < lo and hi < m:
+            return f"On par against the null: {what}, {interval} inside {null}."
+        return f"Not shown on par against the null: {what}, {interval} reaches beyond {null}."
+    sign = 1 if metric in HIGHER_IS_BETTER else -1
+    if (lo > m) if sign > 0 else (hi < -m):
+        return f"Reproduces against the null: {what}, {interval} clear of {null}."
+    if (hi < -m) if sign > 0 else (lo > m):
+        return f"Opposite direction beyond the null: {what}, {interval} clear of {null}."
+    if lo > 0 or hi < 0:
+        return (
+            f"Within the null: {what}, {interval} is clear of zero but not of {null}: two GRPO "
+            "seeds differ by as much."
+        )
+    return f"No detectable difference: {what}, {interval} contains zero ({null})."
+
+
+def reading(sentence: str) -> str:
+    """The verdict of a sentence, without its figures: the words before the first colon."""
+    return sentence.split(":", 1)[0]

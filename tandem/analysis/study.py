@@ -19,6 +19,12 @@ toward the junior, ``kl_reg``):
    Tandem RL's shift from GRPO);
 4. higher legibility to the junior (lower junior cross-entropy, higher overlap).
 
+Every Tandem-RL-minus-GRPO figure is also read against a null, GRPO seed minus GRPO seed over
+the pairs of GRPO seeds the study has (``tandem.analysis.claims.null_verdict``; the displacement
+analysis of every GRPO seed against every other, ``tandem.analysis.displacement``), and the page
+gives each claim's verdict before and after the null. Beside the seed-level intervals, a paired
+bootstrap over problems and each arm's coverage (``tandem.analysis.problems``).
+
 A study with ``compare`` (``conf/study/notation.yaml``: ``compare: tiny``) also sets GRPO's drift
 from the base (KL, the junior's cross-entropy, the drop from solo to handoff accuracy) against the
 other study's world, with Welch's interval of the difference: can this world tell?
@@ -52,10 +58,14 @@ from tandem.analysis.claims import (
     MARGIN,
     Claim,
     difference_interval,
+    null_verdict,
+    reading,
+    seed_pair_differences,
     seed_tests,
     t_interval,
     verdict,
 )
+from tandem.analysis.problems import problem_section
 from tandem.provenance import run_commits, source_commit
 
 log = logging.getLogger(__name__)
@@ -229,16 +239,16 @@ def displacement_for_seed(
     texts: Sequence[Path],
     top: int = 500,
 ) -> dict[Path, dict[str, float]]:
-    """Per run folder of ``others`` (run -> its evaluated senior): pulled-back share and
-    Spearman correlations against the ``grpo`` senior on ``texts`` (the GRPO senior's own solo
-    outputs, one file per eval set), by run folder.
+    """Per run folder of ``others`` (run -> its evaluated senior; the seed's other arms and the
+    other GRPO seeds, the null): ``pair_statistics`` against the ``grpo`` senior on ``texts``
+    (the GRPO senior's own solo outputs, one file per eval set), by run folder.
 
     The base's and the GRPO senior's mean probabilities are computed once for all the other
     arms of the seed, and at most two models are loaded at a time.
     """
     from tandem.analysis.displacement import (
-        displacement,
         mean_probabilities,
+        pair_statistics,
         records_to_tensors,
     )
     from tandem.evaluation.records import read_records
@@ -255,15 +265,8 @@ def displacement_for_seed(
     found = {}
     for folder, senior in others.items():
         (run_means,), _ = means([senior])
-        result = displacement(base_means, grpo_means, run_means, top, count)
-        found[folder] = {
-            "pulled_back": result.pulled_back,
-            "pullback_rho": result.pullback_rho,
-            "pullback_p": result.pullback_p,
-            "pullback_n": result.pullback_n,
-            "spearman_top": result.spearman_top,
-            "spearman_all": result.spearman_all,
-        }
+        found[folder] = pair_statistics(base_means, grpo_means, run_means, top)
+        found[folder]["positions"] = float(count)
     return found
 
 
@@ -292,27 +295,32 @@ def collect(
         arm = values.setdefault(run.arm, {})
         for key, value in flatten(results, study).items():
             arm.setdefault(key, []).append(value)
+        arm.setdefault("seed", []).append(float(run.seed))
     grpo_by_seed = {r.seed: r for r in runs if r.arm == "grpo"} if pullback else {}
-    cache = "displacement.json"
     for seed, grpo in sorted(grpo_by_seed.items()):
+        # the seed's other arms, and every other GRPO seed: the null
         others = [r for r in runs if r.seed == seed and r.arm != "grpo"]
-        pending = {r.path: seniors[r.path] for r in others if not _cached(folders[r.path] / cache)}
+        others += [g for s, g in sorted(grpo_by_seed.items()) if s != seed]
+        cache = folders[grpo.path] / "displacement.json"
+        found = json.loads(cache.read_text()) if cache.is_file() else {}
+        pending = {r.path: seniors[r.path] for r in others if not _cached(found, r.path.name)}
         if pending:
             generations = folders[grpo.path] / "generations"
             texts = [generations / f"{s}.jsonl" for s in study.sets]
-            found_all = displacement_for_seed(base, seniors[grpo.path], pending, texts)
-            for folder, found in found_all.items():
-                (folders[folder] / cache).write_text(json.dumps(found, indent=2) + "\n")
+            measured = displacement_for_seed(base, seniors[grpo.path], pending, texts)
+            found.update({folder.name: stats for folder, stats in measured.items()})
+            cache.write_text(json.dumps(found, indent=2) + "\n")
         for run in others:
-            for key, value in json.loads((folders[run.path] / cache).read_text()).items():
-                values.setdefault(run.arm, {}).setdefault(key, []).append(value)
+            prefix = "null/" if run.arm == "grpo" else ""
+            for key, value in found[run.path.name].items():
+                values.setdefault(run.arm, {}).setdefault(prefix + key, []).append(value)
     return values, flatten(base_results, study), runs
 
 
-def _cached(path: Path) -> bool:
-    """A displacement result on disk that has every field the page reads (older ones lack the
-    pull-back correlation and are redone)."""
-    return path.is_file() and "pullback_rho" in json.loads(path.read_text())
+def _cached(found: dict[str, Any], name: str) -> bool:
+    """A displacement result of run ``name`` with every field the page reads (older ones lack
+    the role-swapped statistics and are redone)."""
+    return "pulled_back_asymmetry" in found.get(name, {})
 
 
 def flatten(results: dict[str, Any], study: Study) -> dict[str, float]:
@@ -379,11 +387,28 @@ def render(
         "share and the pull-back correlation are Tandem RL's own, judged by their 95% interval "
         "against 50% and zero.",
         "",
+        "**Against the null.** Every figure is also computed for GRPO seed against GRPO seed, "
+        "over the pairs of GRPO seeds, and each claim is read against that null: it reproduces "
+        "only where the interval of Tandem RL minus GRPO lies wholly beyond the null's spread "
+        "(the largest difference between two GRPO seeds) in the paper's direction, and is on "
+        "par where the 90% interval lies inside it. The pull-back statistics pick GRPO's most "
+        "moved items and so read any other model as pulled back (regression to the mean); "
+        "they are computed for every ordered pair of GRPO seeds as well, and both ways round "
+        "(each model in GRPO's place): the pull-back is the asymmetry, and it must lie beyond "
+        "the spread of the GRPO pairs' asymmetries (`tandem/analysis/displacement.py`).",
+        "",
     ]
+    lines += summary_section(values, arms, margin)
     lines += training_section(values, base, arms, runs, study.greedy)
     lines += list(against)
     for claim in CLAIMS:
         lines += claim_section(claim, values, base, arms, margin)
+    lines += problem_section(
+        {a: [(r.seed, r.evaluated(study.checkpoint)[2]) for r in runs if r.arm == a] for a in arms},
+        study.runs / "eval_base",
+        study.sets,
+        [m for c in CLAIMS[:2] for m in c.metrics],
+    )
     lines += [
         "## Runs",
         "",
@@ -398,6 +423,50 @@ def render(
     return "\n".join(lines)
 
 
+def by_seed(values: dict[str, list[float]], metric: str) -> dict[int, float]:
+    """An arm's per-seed values of ``metric`` by seed (empty when not one per seed)."""
+    got, seeds = values.get(metric, []), values.get("seed", [])
+    return {int(s): v for s, v in zip(seeds, got, strict=True)} if len(got) == len(seeds) else {}
+
+
+def pair_stats(values: dict[str, list[float]], prefix: str = "") -> list[dict[str, float]]:
+    """The pull-back statistics stored under ``prefix`` as one dict per pair of models (none
+    where the study ran no displacement analysis)."""
+    keys = [k for key in ("pulled_back", "pullback_rho") for k in (key, f"{key}_asymmetry")]
+    if not all(prefix + k in values for k in keys):
+        return []
+    columns = [values[prefix + k] for k in keys]
+    return [dict(zip(keys, row, strict=True)) for row in zip(*columns, strict=True)]
+
+
+def readings(
+    claim: Claim, metric: str, values: dict[str, dict[str, list[float]]], margin: float
+) -> tuple[str, str]:
+    """One metric's verdict before the null (against zero, the margin or a reference) and
+    against the GRPO-seed-against-GRPO-seed null."""
+    from tandem.analysis.displacement import pullback_against_null
+
+    trl, grpo = values.get("trl", {}), values.get("grpo", {})
+    before = verdict(claim, metric, trl.get(metric, []), grpo.get(metric, []), margin)
+    if metric in ("pulled_back", "pullback_rho"):
+        fmt = "{:+.0%}" if metric == "pulled_back" else "{:+.3f}"
+        found = pullback_against_null(pair_stats(trl), pair_stats(grpo, "null/"), metric)
+        after = found.sentence(fmt)
+        return before, after[0].upper() + after[1:]
+    return before, null_verdict(claim, metric, by_seed(trl, metric), by_seed(grpo, metric))
+
+
+def null_cell(grpo: dict[str, list[float]], metric: str) -> str:
+    """The null's column: the spread of GRPO seed pair differences, or the pull-back
+    statistic's mean over ordered GRPO pairs."""
+    if f"null/{metric}" in grpo:
+        return _cell(grpo[f"null/{metric}"])
+    pairs = seed_pair_differences(by_seed(grpo, metric))
+    if not pairs:
+        return "n/a"
+    return f"±{max(abs(d) for d in pairs):.3f} ({len(pairs)} pairs)"
+
+
 def claim_section(
     claim: Claim,
     values: dict[str, dict[str, list[float]]],
@@ -405,11 +474,16 @@ def claim_section(
     arms: list[str],
     margin: float,
 ) -> list[str]:
-    """One claim: a table of its metrics per arm beside the paper's, then a verdict per metric."""
+    """One claim: a table of its metrics per arm beside the null and the paper's, then each
+    metric's verdict before and against the null."""
     lines = [f"## {claim.title}", "", f"Paper: {claim.paper}", ""]
-    header = ["metric", "base", *arms, "paper (trl / grpo)"]
+    header = ["metric", "base", *arms, "GRPO seed pairs (null)", "paper (trl / grpo)"]
     lines += ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
-    for metric in claim.metrics:
+    shown = list(claim.metrics)
+    if "pullback_rho" in shown:  # the informative raw figure stays on the page, no verdict
+        shown.append("spearman_top")
+    grpo = values.get("grpo", {})
+    for metric in shown:
         paper = PAPER.get(metric, {})
         paper_cell = (
             " / ".join(_fmt(paper[a]) if a in paper else "-" for a in ("trl", "grpo"))
@@ -418,16 +492,35 @@ def claim_section(
         )
         base_cell = _fmt(base.get(metric, math.nan)) if metric in base else "-"
         cells = [_cell(values.get(a, {}).get(metric)) for a in arms]
-        lines.append("| " + " | ".join([f"`{metric}`", base_cell, *cells, paper_cell]) + " |")
+        row = [f"`{metric}`", base_cell, *cells, null_cell(grpo, metric), paper_cell]
+        lines.append("| " + " | ".join(row) + " |")
     lines.append("")
     trl_values = values.get("trl", {})
     for metric in claim.metrics:
-        trl, grpo = trl_values.get(metric, []), values.get("grpo", {}).get(metric, [])
-        line = f"- `{metric}`: {verdict(claim, metric, trl, grpo, margin)}"
-        if metric == "pullback_rho" and trl:
+        before, after = readings(claim, metric, values, margin)
+        line = f"- `{metric}`: before the null: {before}"
+        if metric == "pullback_rho" and trl_values.get(metric):
             tests = [trl_values.get(k, []) for k in ("pullback_rho", "pullback_p", "pullback_n")]
             line += f" Per seed: {seed_tests(*tests)}."
-        lines.append(line)
+        lines += [line, f"  Against the null: {after}"]
+    return [*lines, ""]
+
+
+def summary_section(
+    values: dict[str, dict[str, list[float]]], arms: list[str], margin: float
+) -> list[str]:
+    """Each claim's metrics with the verdict before the null and against it, one line each."""
+    lines = [
+        "## Verdicts before and after the null",
+        "",
+        "| claim | metric | before the null | against the null |",
+        "| --- | --- | --- | --- |",
+    ]
+    for claim in CLAIMS:
+        for metric in claim.metrics:
+            before, after = readings(claim, metric, values, margin)
+            short = claim.title.split(" ", 1)[0].rstrip(".")
+            lines.append(f"| {short} | `{metric}` | {reading(before)} | {reading(after)} |")
     return [*lines, ""]
 
 

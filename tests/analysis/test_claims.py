@@ -83,3 +83,33 @@ def test_tandems_own_measurements_are_judged_against_their_reference() -> None:
     said = verdict(DRIFT, "pullback_rho", [-0.7], [])
     assert said.startswith("No interval with one seed") and "the paper's side of zero" in said
     assert verdict(DRIFT, "pulled_back", [], []).startswith("Not measured")
+
+
+def test_a_claim_is_read_against_the_seed_to_seed_null() -> None:
+    from tandem.analysis.claims import null_verdict, reading, seed_pair_differences
+
+    drift, handoff, solo = CLAIMS[2], CLAIMS[1], CLAIMS[0]
+    grpo = {0: 0.020, 1: 0.030, 2: 0.025}
+    assert seed_pair_differences(grpo) == pytest.approx([-0.010, -0.005, 0.005])
+    # lower drift, clear of zero but by less than two GRPO seeds differ: within the null
+    trl = {0: 0.011, 1: 0.012, 2: 0.013}
+    assert verdict(drift, "drift/kl", list(trl.values()), list(grpo.values())).startswith(
+        "Reproduces"
+    )
+    assert reading(null_verdict(drift, "drift/kl", trl, grpo)) == "Within the null"
+    # far lower: beyond the null's spread
+    low = {0: 0.001, 1: 0.002, 2: 0.0015}
+    assert reading(null_verdict(drift, "drift/kl", low, grpo)) == "Reproduces against the null"
+    high = {0: 0.06, 1: 0.061, 2: 0.062}
+    assert reading(null_verdict(drift, "drift/kl", high, grpo)).startswith("Opposite")
+    # higher is better for handoff accuracy
+    better = {0: 0.5, 1: 0.51, 2: 0.52}
+    acc = {0: 0.30, 1: 0.31, 2: 0.32}
+    assert "against the null" in null_verdict(handoff, "handoff/pass@1", better, acc)
+    # on par: the 90% interval inside the null's spread
+    wide = {0: 0.30, 1: 0.36, 2: 0.33}
+    assert reading(null_verdict(solo, "solo/pass@1", {0: 0.33, 1: 0.32, 2: 0.34}, wide)) == (
+        "On par against the null"
+    )
+    assert reading(null_verdict(solo, "solo/pass@1", better, acc)).startswith("Not shown")
+    assert reading(null_verdict(drift, "drift/kl", trl, {0: 0.02})) == "No null"

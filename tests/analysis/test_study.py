@@ -58,12 +58,15 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     fake_run(root, "grpo", 0, 1.0, direction)
     fake_run(root, "trl", 0, 0.5, direction)
     fake_run(root, "kl_reg", 0, None, direction)
+    # a second GRPO seed, as far along a direction of its own: the null
+    other = {n: 0.05 * torch.randn(p.shape, generator=gen) for n, p in base.named_parameters()}
+    fake_run(root, "grpo", 1, 1.0, other)
     return root
 
 
 def test_find_runs_keeps_finished_runs_only(runs: Path) -> None:
     found, unfinished = find_runs(runs)
-    assert [(r.arm, r.seed) for r in found] == [("grpo", 0), ("trl", 0)]
+    assert [(r.arm, r.seed) for r in found] == [("grpo", 0), ("grpo", 1), ("trl", 0)]
     assert [p.name for p in unfinished] == ["kl_reg-seed0"]
     assert found[0].steps == 60  # conf/trainer/cpu.yaml
 
@@ -76,8 +79,9 @@ def test_collect_evaluates_once_and_measures_displacement(runs: Path) -> None:
     values, base, found = collect(tiny_study(runs), EVAL)
     assert (runs / "eval_base" / "results.json").is_file()
     assert base["drift/kl"] == pytest.approx(0.0, abs=1e-6), "the base against itself"
-    for arm in ("grpo", "trl"):
-        assert len(values[arm]["solo/pass@1"]) == 1
+    for arm, seeds in (("grpo", [0.0, 1.0]), ("trl", [0.0])):
+        assert values[arm]["seed"] == seeds
+        assert len(values[arm]["solo/pass@1"]) == len(seeds)
         assert 0.0 <= values[arm]["handoff/pass@2"][0] <= 1.0
     # the farther senior drifts more from the base, and its displaced items come back under trl
     assert values["grpo"]["drift/kl"][0] > values["trl"]["drift/kl"][0] > 0.0
@@ -87,16 +91,22 @@ def test_collect_evaluates_once_and_measures_displacement(runs: Path) -> None:
     assert values["trl"]["pullback_rho"][0] < -0.5 and values["trl"]["pullback_p"][0] < 0.01
     assert values["trl"]["pullback_n"] == [500]
     assert "pulled_back" not in values["grpo"]
+    # read both ways round: GRPO, further out, is seldom closer to the base than TRL
+    assert values["trl"]["pulled_back_swapped"][0] < 0.3
+    assert values["trl"]["pulled_back_asymmetry"][0] > 0.6
+    # the null: each GRPO seed against the other, one pair each way round
+    assert len(values["grpo"]["null/pulled_back"]) == 2
+    assert len(values["grpo"]["null/pulled_back_asymmetry"]) == 2
     results = runs / "trl-seed0" / "eval" / "results.json"
     stamp = results.stat().st_mtime_ns
     again, _, _ = collect(tiny_study(runs), EVAL)
     assert results.stat().st_mtime_ns == stamp, "a finished evaluation is reused, not redone"
     assert again == values
     # a comparison with another world needs its evaluations only, not its pull-back
-    (runs / "trl-seed0" / "eval" / "displacement.json").unlink()
+    (runs / "grpo-seed0" / "eval" / "displacement.json").unlink()
     measured, _, _ = collect(tiny_study(runs), EVAL, pullback=False)
     assert "pulled_back" not in measured["trl"]
-    assert not (runs / "trl-seed0" / "eval" / "displacement.json").exists()
+    assert not (runs / "grpo-seed0" / "eval" / "displacement.json").exists()
     assert measured["trl"]["drift/kl"] == values["trl"]["drift/kl"]
     page = render(
         values, base, found, tiny_study(runs), "python -m tandem.analysis.study", margin=0.05
@@ -109,6 +119,13 @@ def test_collect_evaluates_once_and_measures_displacement(runs: Path) -> None:
     assert "equivalent within ±0.05" in page
     assert "| `pullback_rho` | - | n/a |" in page  # grpo is the reference: no value of its own
     assert "Per seed: rho -" in page and "n = 500)" in page
+    assert "## Verdicts before and after the null" in page
+    # one Tandem RL seed: the null can be set beside it, but gives no interval to judge by
+    assert "No interval with one Tandem RL seed" in page
+    assert "| `spearman_top` |" in page
+    assert "## Problems: paired intervals and coverage" in page
+    assert "| `solo/pass@1` | " in page and "(4 problems)" in page
+    assert "| grpo | " in page and "union of 2 seeds" in page
 
 
 def test_an_interrupted_evaluation_is_redone_whole(tmp_path: Path, monkeypatch) -> None:

@@ -2,11 +2,17 @@
 
 - group advantages: reward minus the group mean, divided by the group std (GRPO) or not
   (``mean``, Dr. GRPO); groups whose rewards are all equal get advantage 0, never NaN;
-- a clipped importance ratio with separate low and high epsilon (DAPO's clip-higher);
+- a clipped importance ratio with separate low and high epsilon (DAPO's clip-higher), and
+  verl's dual clip (``dual_clip``: for a negative advantage the token's loss is at most
+  ``-advantage * c``, so a ratio far above 1 cannot blow the loss up);
 - aggregation: ``token_mean`` (every token of the batch weighs the same), ``seq_mean_token_mean``
-  (each sequence's token mean, then the mean over sequences: the original GRPO) or
-  ``seq_sum_constant`` (token sums divided by a constant, Dr. GRPO);
-- a KL penalty toward the junior (k1 or k3 estimator), which is also the paper's ablation;
+  (each sequence's token mean, then the mean over sequences: the original GRPO),
+  ``seq_sum_constant`` (token sums divided by a constant, Dr. GRPO) or
+  ``token_mean_all_authors`` (the senior's tokens summed, divided by every response token of the
+  batch, the junior's too: the authors' released verl, whose token count is taken before its
+  senior gate);
+- a KL penalty toward the junior (k1 or k3 estimator), which is also the paper's ablation, with
+  verl's clamp of the per-token estimate (``kl_clamp``: k3 within [-10, 10] in verl);
 - ``lambda_jun``: the senior's log-likelihood of junior-written tokens, as an imitation term.
 
 The policy gradient flows only through tokens the senior wrote: the loss mask *is* the author
@@ -23,7 +29,7 @@ import torch
 from torch import Tensor
 
 ADVANTAGE_MODES = ("std", "mean")
-AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_sum_constant")
+AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_sum_constant", "token_mean_all_authors")
 KL_ESTIMATORS = ("k1", "k3")
 # where the old log-probs of the ratio come from (``TandemGRPO(old_logprobs=...)``)
 OLD_LOGPROB_SOURCES = ("auto", "engine", "trainer")
@@ -75,6 +81,10 @@ class LossConfig:
         kl_beta: weight of the KL penalty toward the junior (0: none).
         kl_estimator: ``k1`` (log ratio) or ``k3`` (Schulman's unbiased, non-negative one).
         lambda_jun: weight of the junior-imitation term (0 in the paper).
+        dual_clip: verl's ``clip_ratio_c`` (3 by default there, > 1): a negative advantage's
+            token loss is capped at ``-advantage * dual_clip``; None: no cap.
+        kl_clamp: the per-token KL estimate is clamped to ``[-kl_clamp, kl_clamp]`` (verl's
+            ``low_var_kl``: 10); None: no clamp.
     """
 
     clip_low: float = 0.2
@@ -84,6 +94,8 @@ class LossConfig:
     kl_beta: float = 0.0
     kl_estimator: str = "k3"
     lambda_jun: float = 0.0
+    dual_clip: float | None = None
+    kl_clamp: float | None = None
 
     def __post_init__(self) -> None:
         if self.aggregation not in AGGREGATIONS:
@@ -99,6 +111,17 @@ class LossConfig:
                 raise ValueError(f"loss {key} ({getattr(self, key)}) must be >= 0.")
         if self.constant <= 0:
             raise ValueError(f"loss constant ({self.constant}) must be > 0.")
+        if self.dual_clip is not None and not self.dual_clip > 1:
+            raise ValueError(
+                f"loss dual_clip ({self.dual_clip}) must be > 1: it caps a negative advantage's "
+                "loss at -advantage x dual_clip, and at or below 1 it would cut into the "
+                "ordinary clip. Set it to 3.0 (verl's clip_ratio_c) or null for no cap."
+            )
+        if self.kl_clamp is not None and not self.kl_clamp > 0:
+            raise ValueError(
+                f"loss kl_clamp ({self.kl_clamp}) must be > 0: the KL estimate is clamped to "
+                "[-kl_clamp, kl_clamp]. Set it to 10.0 (verl's low_var_kl) or null for none."
+            )
 
 
 def token_weights(mask: Tensor, how: str, constant: float = 1.0) -> Tensor:
@@ -117,6 +140,11 @@ def token_weights(mask: Tensor, how: str, constant: float = 1.0) -> Tensor:
         return mask / per_seq.clamp(min=1.0) / sequences
     if how == "seq_sum_constant":
         return mask / (constant * mask.shape[0])
+    if how == "token_mean_all_authors":
+        raise ValueError(
+            "token_mean_all_authors divides by the junior's tokens too, which token_weights does "
+            "not see: take the weights with LossWeights.of(senior_mask, junior_mask, cfg)."
+        )
     raise ValueError(f"unknown aggregation {how!r}; expected one of {AGGREGATIONS}.")
 
 
@@ -142,6 +170,14 @@ class LossWeights:
 
     @classmethod
     def of(cls, senior_mask: Tensor, junior_mask: Tensor, cfg: LossConfig) -> LossWeights:
+        if cfg.aggregation == "token_mean_all_authors":
+            # every response token that counts, either author's: the authors' denominator
+            total = (senior_mask | junior_mask).float().sum().clamp(min=1.0)
+            return cls(
+                senior_mask.float() / total,
+                junior_mask.float() / total,
+                senior_mask.float().sum().clamp(min=1.0),
+            )
         return cls(
             token_weights(senior_mask, cfg.aggregation, cfg.constant),
             token_weights(junior_mask, cfg.aggregation, cfg.constant),
@@ -155,14 +191,19 @@ class LossWeights:
         return LossWeights(*(x.to(device) for x in (self.senior, self.junior, self.senior_tokens)))
 
 
-def kl_penalty(logp: Tensor, ref_logp: Tensor, estimator: str) -> Tensor:
-    """Per-token estimate of KL(policy || reference) from the sampled tokens' log-probs."""
+def kl_penalty(
+    logp: Tensor, ref_logp: Tensor, estimator: str, clamp: float | None = None
+) -> Tensor:
+    """Per-token estimate of KL(policy || reference) from the sampled tokens' log-probs,
+    clamped to ``[-clamp, clamp]`` when given (verl clamps its k3 to [-10, 10])."""
     log_ratio = ref_logp - logp  # [N, T]
     if estimator == "k1":
-        return -log_ratio
-    # k3 = r - log r - 1 with r = ref/policy: unbiased and never negative
-    log_ratio = log_ratio.clamp(-20.0, 20.0)
-    return torch.exp(log_ratio) - log_ratio - 1.0
+        kl = -log_ratio
+    else:
+        # k3 = r - log r - 1 with r = ref/policy: unbiased and never negative
+        log_ratio = log_ratio.clamp(-20.0, 20.0)
+        kl = torch.exp(log_ratio) - log_ratio - 1.0
+    return kl if clamp is None else kl.clamp(-clamp, clamp)
 
 
 def grpo_loss(
@@ -198,12 +239,20 @@ def grpo_loss(
     unclipped = ratio * adv
     clipped = ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high) * adv
     per_token = -torch.minimum(unclipped, clipped)  # [N, T]
+    capped = None
+    if cfg.dual_clip is not None:
+        # verl's dual clip: a negative advantage's loss goes no higher than -A * c
+        ceiling = -adv * cfg.dual_clip  # [N, 1]
+        capped = (adv < 0) & (per_token > ceiling)  # [N, T]
+        per_token = torch.where(capped, ceiling.expand_as(per_token), per_token)
     loss = (per_token * w.senior).sum()
     stats: dict[str, Tensor] = {"policy_loss": loss.detach()}
     with torch.no_grad():
         m = senior_mask.float()
         stats["clip_fraction"] = ((unclipped != clipped).float() * m).sum() / w.senior_tokens
         stats["ratio_mean"] = (ratio * m).sum() / w.senior_tokens
+        if capped is not None:
+            stats["dual_clip_fraction"] = (capped.float() * m).sum() / w.senior_tokens
     if ref_logp is None and cfg.kl_beta > 0:
         raise ValueError(
             f"loss kl_beta is {cfg.kl_beta} but the rollouts carry no junior log-probs to take "
@@ -211,7 +260,7 @@ def grpo_loss(
             "KL penalty)."
         )
     if ref_logp is not None:
-        kl_value = (kl_penalty(logp, ref_logp, cfg.kl_estimator) * w.senior).sum()
+        kl_value = (kl_penalty(logp, ref_logp, cfg.kl_estimator, cfg.kl_clamp) * w.senior).sum()
         stats["kl"] = kl_value.detach()
         if cfg.kl_beta > 0:
             loss = loss + cfg.kl_beta * kl_value

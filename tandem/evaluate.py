@@ -9,7 +9,12 @@ and legibility (the junior's cross-entropy and overlap) on the senior's solo out
 
 Writes ``results.json`` / ``results.csv`` (one row per set and the macro average) and
 ``generations/<set>.jsonl`` (every rollout with its authors and per-token log-probs) to
-``output_dir``, and logs the tables to Aim when ``aim=true``.
+``output_dir``, logs the tables to Aim when ``aim=true``, and prints them rounded. The senior is
+labelled by its training run's name (``outputs/<run>/senior`` -> ``<run>``). ``with_base=true``
+also evaluates the senior's base with the same settings (into ``<output_dir>/base``) and prints
+it beside the senior::
+
+    python -m tandem.evaluate senior=outputs/<run>/senior with_base=true
 
 What this file leaves out: the evaluation itself (``tandem.evaluation``).
 """
@@ -25,12 +30,13 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from tandem.assets import resolve
 from tandem.config import ConfigError, exit_config_error, run_command
 from tandem.engine import build_backend
-from tandem.evaluation.config import validate_eval_config
-from tandem.evaluation.models import load_pair
+from tandem.evaluation.config import handoff_sampler, validate_eval_config
+from tandem.evaluation.models import load_pair, senior_base
 from tandem.evaluation.records import RecordWriter
-from tandem.evaluation.results import log_to_aim, write_results
+from tandem.evaluation.results import format_tables, log_to_aim, write_results
 from tandem.evaluation.runner import Evaluator
 from tandem.evaluation.sets import build_sets
 from tandem.modules.export import check_senior
@@ -44,14 +50,56 @@ log = logging.getLogger(__name__)
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Validate, load, evaluate every set; returns what ``results.json`` holds."""
     validate_eval_config(cfg)
-    torch.manual_seed(cfg.seed)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(cfg.threads or threads)
-        return _run(cfg)
+        torch.manual_seed(cfg.seed)
+        results = _run(cfg)
+        evaluated = [results]
+        base = base_config(cfg, results) if cfg.get("with_base") else None
+        if base is not None and resolve(base.senior) == resolve(results["senior_path"]):
+            log.warning("with_base: senior=%s is its own base; evaluated once", cfg.senior)
+        elif base is not None:
+            torch.manual_seed(cfg.seed)  # the same draws as the senior's
+            evaluated.append(_run(base))
+            results["base"] = {k: evaluated[1][k] for k in ("label", "senior", "output_dir")}
+            results["base"]["macro"] = evaluated[1]["macro"]
+            write_results(cfg.output_dir, results["sets"], _meta(results))
     finally:
         # the setting is process-wide: give it back to whoever called (tests, notebooks)
         torch.set_num_threads(threads)
+    log.info("results in %s\n%s", cfg.output_dir, format_tables(evaluated))
+    return results
+
+
+def default_label(senior: str) -> str:
+    """The name of the training run a senior comes from: ``outputs/<run>/senior`` -> ``<run>``,
+    ``outputs/<run>/checkpoints/step-40.ckpt`` -> ``<run>:step-40``, a job of a sweep
+    (``multirun/<sweep>/<n>/senior``) -> ``<sweep>/<n>``; else the senior's own name."""
+    path = Path(str(senior)).expanduser()
+    folder = path.parent if path.name == "senior" else None
+    if path.parent.name == "checkpoints":
+        folder = path.parent.parent
+    if folder is None or not folder.name:
+        return path.name or str(senior)
+    # Hydra writes multirun.yaml into a sweep's folder, beside its jobs' folders
+    name = (
+        f"{folder.parent.name}/{folder.name}"
+        if (folder.parent / "multirun.yaml").is_file()
+        else folder.name
+    )
+    return name if folder == path.parent else f"{name}:{path.stem}"
+
+
+def base_config(cfg: DictConfig, results: dict[str, Any]) -> DictConfig:
+    """``cfg`` for the senior's base: the same sets, samples and junior, its own folder."""
+    base = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    base.senior = senior_base(str(cfg.senior))
+    base.junior = results["junior"]
+    base.label = f"{default_label(base.senior)} (base)"
+    base.output_dir = str(Path(cfg.output_dir) / "base")
+    base.with_base = False
+    return base
 
 
 def check_senior_input(senior: str) -> None:
@@ -73,6 +121,7 @@ def check_senior_input(senior: str) -> None:
 def _run(cfg: DictConfig) -> dict[str, Any]:
     check_senior_input(cfg.senior)
     c = OmegaConf.to_container(cfg, resolve=True)
+    c["sampler"] = handoff_sampler(c)  # the authors' rounds, in the sampler's steps
     out = Path(cfg.output_dir)
     sets = build_sets(c["eval"])
     pair = load_pair(cfg.senior, cfg.junior, out, cfg.dtype, cfg.device, cfg.get("junior_device"))
@@ -116,7 +165,7 @@ def _run(cfg: DictConfig) -> dict[str, Any]:
         if hasattr(reward, "close"):
             reward.close()
     meta = {
-        "label": cfg.label or Path(str(cfg.senior)).name,
+        "label": cfg.label or default_label(cfg.senior),
         "senior": str(cfg.senior),
         "senior_path": pair.senior_path,
         "junior": pair.junior_path,
@@ -129,8 +178,12 @@ def _run(cfg: DictConfig) -> dict[str, Any]:
     if cfg.aim:
         meta["aim_run"] = log_to_aim(cfg.aim_repo, cfg.experiment_name, results, c)
         results = write_results(out, tables, meta)
-    log.info("results in %s; macro average %s", out, results["macro"])
     return results
+
+
+def _meta(results: dict[str, Any]) -> dict[str, Any]:
+    """What ``write_results`` takes back from what it wrote."""
+    return {k: v for k, v in results.items() if k not in ("sets", "macro")}
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="evaluate")

@@ -42,6 +42,7 @@ def validate_eval_config(cfg: DictConfig) -> None:
     ]
     c = OmegaConf.to_container(cfg, resolve=False)
     check_sampler(problems, "sampler", c.get("sampler"))
+    _check_rounds(problems, c)
     check_component(problems, "reward", c.get("reward"), REWARDS)
     check_metrics(problems, "metrics", c.get("metrics"))
     _check_models(problems, c)
@@ -60,7 +61,7 @@ def validate_eval_config(cfg: DictConfig) -> None:
             "drift=true needs solo=true: drift and legibility are measured on the senior's "
             "solo outputs. Set solo=true or drift=false."
         )
-    sets = c.get("eval")
+    sets = _resolved_sets(problems, cfg) if isinstance(c.get("eval"), dict) else c.get("eval")
     if not isinstance(sets, dict) or not sets:
         problems.append("eval names no eval set: choose some, e.g. eval=[tiny] or eval=[aime24].")
     else:
@@ -69,6 +70,52 @@ def validate_eval_config(cfg: DictConfig) -> None:
     if problems:
         raise ConfigError(
             f"{len(problems)} problem(s) in the config:\n" + "\n".join(f"- {p}" for p in problems)
+        )
+
+
+def _resolved_sets(problems: list[str], cfg: DictConfig) -> dict[str, Any]:
+    """The eval sets with their interpolations resolved (``n: ${paper_solo.n}``, say)."""
+    try:
+        return OmegaConf.to_container(cfg.eval, resolve=True)
+    except Exception as err:  # an interpolation naming no key: say which
+        problems.append(
+            f"eval: an eval set's interpolation cannot be resolved ({err}). Choose the group it "
+            "reads, e.g. paper_solo=figure, or set the key to a value."
+        )
+        return {}
+
+
+def handoff_sampler(c: dict[str, Any]) -> dict[str, Any]:
+    """The handoff pass's sampler spec: ``handoff_rounds`` rounds of the authors (a senior turn
+    then a junior turn) become the step sampler's ``max_rounds`` steps, twice as many."""
+    spec = dict(c["sampler"])
+    rounds = c.get("handoff_rounds")
+    if rounds is not None:
+        spec["max_rounds"] = 2 * int(rounds)
+    return spec
+
+
+def _check_rounds(problems: list[str], c: dict[str, Any]) -> None:
+    rounds = c.get("handoff_rounds")
+    if rounds is None:
+        return
+    sampler = c.get("sampler") if isinstance(c.get("sampler"), dict) else {}
+    if not (_int(rounds) and rounds > 0):
+        problems.append(
+            f"handoff_rounds ({rounds!r}) must be a positive integer (the authors cap 150) or "
+            "null for the sampler's own max_rounds."
+        )
+    elif sampler.get("name") != "step" or not sampler.get("alternate", True):
+        problems.append(
+            f"handoff_rounds ({rounds}) counts rounds of a senior turn then a junior turn, which "
+            f"only the step sampler with alternate: true has (sampler.name is "
+            f"{sampler.get('name')!r}). Set sampler=step, or handoff_rounds=null."
+        )
+    elif sampler.get("max_rounds") is not None:
+        problems.append(
+            f"handoff_rounds ({rounds}) and sampler.max_rounds ({sampler['max_rounds']}) both cap "
+            f"the handoff pass: set one. sampler.max_rounds=null lets handoff_rounds set it to "
+            f"{2 * rounds} steps."
         )
 
 

@@ -178,7 +178,7 @@ def test_studies_name_their_sets_and_merge_overrides() -> None:
     merged = paper.overrides(["device=cpu", "eval.aime24.n=2"])
     assert merged[0] == "eval=[amc23_25,aime24,aime25,aime26,minerva]"
     assert "device=cpu" in merged and "device=cuda:0" not in merged, "the last value wins"
-    assert "sampler.max_rounds=150" in merged and "eval.aime24.n=2" in merged
+    assert "handoff_rounds=150" in merged and "eval.aime24.n=2" in merged
     with pytest.raises(FileNotFoundError, match="the studies are"):
         Study.load("papr")
     with pytest.raises(ValueError, match="checkpoint"):

@@ -20,11 +20,11 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from tandem.config import ConfigError
-from tandem.evaluate import run
+from tandem.evaluate import default_label, run
 from tandem.evaluation.config import validate_eval_config
 from tandem.evaluation.models import senior_base
 from tandem.evaluation.records import read_records
-from tandem.evaluation.results import macro_average
+from tandem.evaluation.results import format_tables, macro_average
 from tandem.modules.export import check_senior, save_senior
 from tandem.modules.models import load_causal_lm, load_tokenizer
 
@@ -280,3 +280,67 @@ def test_the_command_line_reports_a_config_problem_in_one_message(tmp_path, over
     assert "Traceback" not in proc.stderr + proc.stdout
     assert "HYDRA_FULL_ERROR" not in proc.stderr
     assert proc.stderr.startswith("config error: ") and named in proc.stderr
+
+
+# -- labels, the printed table, the base beside the senior -------------------------------------
+
+
+def test_a_senior_is_labelled_by_its_training_runs_name(tmp_path: Path) -> None:
+    run_dir = tmp_path / "outputs" / "trl-seed0"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    sweep = tmp_path / "multirun" / "tiny_world"
+    (sweep / "3").mkdir(parents=True)
+    (sweep / "multirun.yaml").write_text("{}")
+    assert default_label(str(run_dir / "senior")) == "trl-seed0"
+    assert default_label(str(run_dir / "checkpoints" / "step-40.ckpt")) == "trl-seed0:step-40"
+    assert default_label(str(sweep / "3" / "senior")) == "tiny_world/3"
+    assert default_label("tiny") == "tiny"
+    assert default_label(str(tmp_path / "Qwen3-4B")) == "Qwen3-4B"
+
+
+def test_the_printed_table_is_rounded_with_a_column_per_model() -> None:
+    senior = {
+        "label": "trl-seed0",
+        "sets": {"tiny": {"solo/pass@1": 0.49218751, "drift/kl": 0.0123456}},
+    }
+    base = {"label": "tiny (base)", "sets": {"tiny": {"solo/pass@1": 0.3541666}}}
+    for r in (senior, base):
+        r["macro"] = macro_average(r["sets"])
+    text = format_tables([senior, base])
+    lines = text.splitlines()
+    assert lines[0].split() == ["tiny", "trl-seed0", "tiny", "(base)"]
+    assert lines[1].split() == ["solo/pass@1", "0.492", "0.354"]
+    assert lines[2].split() == ["drift/kl", "0.012", "-"]  # the base was not measured on it
+    assert "macro" in text and "0.49218751" not in text
+
+
+def test_with_base_scores_the_base_beside_the_senior_in_one_command(tmp_path: Path, caplog) -> None:
+    model = load_causal_lm("tiny")
+    g = torch.Generator().manual_seed(0)
+    state = {
+        f"senior.{name}": p + torch.randn(p.shape, generator=g) * 0.2 * p.float().std()
+        if p.is_floating_point()
+        else p
+        for name, p in model.state_dict().items()
+    }
+    ckpt = tmp_path / "outputs" / "my-run" / "checkpoints" / "last.ckpt"
+    ckpt.parent.mkdir(parents=True)
+    hyper = {"model": "tiny", "dtype": "float32"}
+    torch.save({"hyper_parameters": hyper, "state_dict": state}, ckpt)
+    out = tmp_path / "eval"
+    quick = ["eval.tiny.limit=4", "eval.tiny.n=2", "eval.tiny.ks=[1,2]"]
+    cfg = eval_config(
+        f"senior={ckpt}", f"output_dir={out}", "with_base=true", "drift=false", *quick, *QUICK
+    )
+    with caplog.at_level("INFO"):
+        results = run(cfg)
+    assert results["label"] == "my-run:last"
+    assert results["base"]["label"] == "tiny (base)"
+    base = json.loads((out / "base" / "results.json").read_text())
+    assert base["senior"] == "tiny" and base["label"] == "tiny (base)"
+    assert json.loads((out / "results.json").read_text())["base"]["macro"] == base["macro"]
+    (printed,) = [r.getMessage() for r in caplog.records if "results in" in r.getMessage()]
+    assert "my-run:last" in printed and "tiny (base)" in printed
+    row = next(line for line in printed.splitlines() if "solo/pass@1" in line).split()
+    assert row[1:] == [f"{results['sets']['tiny']['solo/pass@1']:.3f}",
+                       f"{base['sets']['tiny']['solo/pass@1']:.3f}"]  # fmt: skip

@@ -10,6 +10,9 @@ mean over a set's chains of thought of each one's mean NLL per token, then the m
 sets (the authors' ``macro_ce``). The per-token figures (drift, overlap,
 ``legibility/junior_ce_pooled``) pool tokens within a set and are then macro-averaged the same.
 
+``format_tables`` is what ``tandem.evaluate`` prints: per set, one row per metric and one
+column per evaluated model (the senior, its base beside it), rounded.
+
 What this file leaves out: computing the values (``tandem.evaluation.runner``).
 """
 
@@ -75,6 +78,39 @@ def log_to_aim(
         return run.hash
     finally:
         run.close()
+
+
+def format_tables(results: list[dict[str, Any]], digits: int = 3) -> str:
+    """The tables of one or more evaluations (``results.json`` contents) side by side: a block
+    per set and one for the macro average, a row per metric, a column per evaluation's label."""
+    labels = [str(r.get("label")) for r in results]
+    sets = list(dict.fromkeys(s for r in results for s in r["sets"]))
+    blocks = []
+    for name in [*sets, MACRO]:
+        tables = [r[MACRO] if name == MACRO else r["sets"].get(name, {}) for r in results]
+        metrics = sorted({k for t in tables for k in t}, key=_column_order)
+        if not metrics:
+            continue
+        width = max(len(m) for m in metrics) + 2
+        columns = [max(len(label), digits + 3) for label in labels]
+        head = f"{name:<{width}}" + "  ".join(
+            f"{x:>{w}}" for x, w in zip(labels, columns, strict=True)
+        )
+        rows = [head]
+        for metric in metrics:
+            cells = [_rounded(t.get(metric), digits) for t in tables]
+            rows.append(
+                f"  {metric:<{width - 2}}"
+                + "  ".join(f"{c:>{w}}" for c, w in zip(cells, columns, strict=True))
+            )
+        blocks.append("\n".join(rows))
+    return "\n\n".join(blocks)
+
+
+def _rounded(value: float | None, digits: int) -> str:
+    if value is None or math.isnan(value):
+        return "-"
+    return f"{value:.{digits}f}"
 
 
 def _column_order(key: str) -> tuple[Any, ...]:

@@ -58,7 +58,7 @@ __all__ = [
 CONF = Path(__file__).resolve().parents[1] / "conf"
 MONITORS = ("val/tandem/accuracy", "val/solo/accuracy")
 # the keys of the groups that build no object of their own: what tandem.train and the module read
-VALIDATION_KEYS = ("every_n_steps", "size", "sampler", "monitor", "temperature")
+VALIDATION_KEYS = ("every_n_steps", "size", "sampler", "monitor", "temperature", "at_start_and_end")
 MODEL_KEYS = ("name_or_path", "junior_name_or_path", "dtype", "junior_device")
 # keys of the data group that are the run's, not the source's
 DATA_RUN_KEYS = ("max_prompt_tokens",)

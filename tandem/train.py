@@ -26,6 +26,7 @@ What this file leaves out: the training step (``tandem.modules.grpo``).
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -73,6 +74,7 @@ def build(cfg: DictConfig) -> tuple[L.Trainer, TandemGRPO, PromptDataModule, Sto
     from tandem.modules.models import context_length, load_tokenizer
     from tandem.modules.progress import StepProgressBar
     from tandem.runs.checkpoints import AtomicCheckpointIO, StepCheckpoint
+    from tandem.runs.report import RunReport
     from tandem.runs.signals import StopOnSignal
 
     out = Path(cfg.output_dir)
@@ -111,8 +113,11 @@ def build(cfg: DictConfig) -> tuple[L.Trainer, TandemGRPO, PromptDataModule, Sto
         StepCheckpoint(ckpt_dir, cfg.checkpoint_every_n_steps, cfg.keep_checkpoints, stop),
         ExportSenior(out / "senior", stop),
     ]
-    if cfg.trainer.get("enable_progress_bar", True):
+    bar = cfg.trainer.get("enable_progress_bar", True)
+    if bar:
         callbacks.append(StepProgressBar())
+    if is_launcher():
+        callbacks.append(RunReport(out, to_console=not bar))
     loggers = [hydra.utils.instantiate(spec) for spec in cfg.logger]
     trainer = hydra.utils.instantiate(
         cfg.trainer,
@@ -146,6 +151,7 @@ def _fit(cfg: DictConfig) -> dict[str, Any]:
     from tandem.plan import check_plan
     from tandem.plan.report import summary, table
     from tandem.runs.checkpoints import disk_full_message, out_of_space
+    from tandem.runs.report import closing_summary
     from tandem.runs.start import begin
 
     validate_train_config(cfg, world_size(cfg))
@@ -162,20 +168,42 @@ def _fit(cfg: DictConfig) -> dict[str, Any]:
     if trainer.global_rank == 0:
         log.info("run folder %s; resume with: %s", cfg.output_dir, resume_hint(cfg))
     try:
+        at_ends = cfg.validation.get("at_start_and_end", False)
+        if at_ends and ckpt is None:
+            trainer.validate(module, datamodule=data, verbose=False)  # the base's figure
         trainer.fit(module, datamodule=data, ckpt_path=ckpt)
+        # a validation starts its metrics afresh: keep the training's beside the final ones
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+        # the interval's own validation came at a multiple of it (every rank knows the same)
+        last_validated = trainer.global_step % cfg.validation.every_n_steps == 0
+        if at_ends and not stop.stopping and not last_validated:
+            trainer.validate(module, datamodule=data, verbose=False)  # the final senior's
+            metrics.update({k: float(v) for k, v in trainer.callback_metrics.items()})
     except (OSError, RuntimeError) as err:  # any other write of the run: the export, logs
         full = out_of_space(err)
         if full is None:
             raise
         folder = Path(full.filename).parent if full.filename else Path(cfg.output_dir)
         raise DiskFull(disk_full_message(folder, None)) from None
+    if not stop.stopping and is_launcher():
+        log.info(
+            "%s", closing_summary(cfg.output_dir, cfg, trainer.global_step, evaluate_hint(cfg))
+        )
     if stop.stopping:
         raise RunInterrupted(
             f"stopped by a signal at step {trainer.global_step}, its checkpoint saved; resume "
             f"with: {resume_hint(cfg)}",
             stop.exit_code - 128,
         )
-    return {k: float(v) for k, v in trainer.callback_metrics.items()}
+    return metrics
+
+
+def evaluate_hint(cfg: DictConfig) -> str:
+    """The command that scores this run's senior beside its base."""
+    return (
+        f"python -m tandem.evaluate senior={Path(cfg.output_dir) / 'senior'} with_base=true"
+        "   (pass@k, drift, legibility; the base beside it)"
+    )
 
 
 def resume_hint(cfg: DictConfig) -> str:
@@ -210,6 +238,9 @@ def main(cfg: DictConfig) -> float | None:
 
 def cli() -> None:
     """``python -m tandem.train``: a config problem is one message and exit status 2."""
+    # before torch loads its OpenMP runtime, which reads it once: waiting threads sleep instead
+    # of spinning, so a second busy process on the machine no longer slows every step many times
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     run_command(main)
 
 

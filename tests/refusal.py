@@ -13,23 +13,33 @@ HEAVY = ("torch", "lightning", "transformers", "datasets")
 ROOT = Path(__file__).resolve().parents[1]
 # the module run as `python -m` would run it, then the heavy modules present at its exit
 CHILD = f"""
-import json, runpy, sys
+import json, os, runpy, sys
 sys.argv = ["tandem.train", *sys.argv[1:]]
 try:
     runpy.run_module("tandem.train", run_name="__main__", alter_sys=True)
 finally:
     print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]), file=sys.__stdout__)
+    print(json.dumps(dict(os.environ)), file=sys.__stdout__)
 """
 
 
-def train_cli(*overrides: str) -> tuple[subprocess.CompletedProcess, list[str]]:
-    """The finished child and the heavy modules it had imported."""
+def train_cli(
+    *overrides: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """The finished child and the heavy modules it had imported. ``env``: the child's whole
+    environment (this one's by default), with ``PYTHONPATH`` pointing here."""
     proc = subprocess.run(
         [sys.executable, "-c", CHILD, *overrides],
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**(os.environ if env is None else env), "PYTHONPATH": str(ROOT)},
         cwd=ROOT,
     )
-    return proc, json.loads(proc.stdout.strip().splitlines()[-1])
+    heavy, _ = proc.stdout.strip().splitlines()[-2:]
+    return proc, json.loads(heavy)
+
+
+def child_environment(proc: subprocess.CompletedProcess) -> dict[str, str]:
+    """The environment the child of ``train_cli`` had when it exited."""
+    return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -16,7 +16,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from tandem.config import ConfigError, _check_ranges, config_error_message, validate_train_config
-from tests.refusal import train_cli
+from tests.refusal import child_environment, train_cli
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 
@@ -486,3 +486,17 @@ def test_devices_takes_what_lightning_takes_less_no_device(devices, ok: bool) ->
     problems: list[str] = []
     _check_ranges(problems, OmegaConf.to_container(cfg, resolve=False))
     assert (problems == []) is ok, problems
+
+
+def test_defaults_stay_fast_when_the_cores_are_shared(tmp_path: Path) -> None:
+    # one torch thread, and OpenMP's waiting threads asleep rather than spinning: with torch's
+    # defaults a step on a busy 2-core machine took 5-10x as long (benchmarks/threads.py)
+    assert train_config().threads == 1
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    proc, heavy = train_cli(f"hydra.run.dir={tmp_path / 'run'}", "batch_size=7", env=env)
+    assert proc.returncode == 2 and heavy == []  # set before torch could read it
+    assert child_environment(proc)["OMP_WAIT_POLICY"] == "PASSIVE"
+    # a user's own choice stands
+    proc, _ = train_cli(f"hydra.run.dir={tmp_path / 'run'}", "batch_size=7",
+                        env={**env, "OMP_WAIT_POLICY": "ACTIVE"})  # fmt: skip
+    assert child_environment(proc)["OMP_WAIT_POLICY"] == "ACTIVE"

@@ -78,6 +78,10 @@ class JuniorCallback(L.Callback):
         if self.device is None and self.holder is not None:
             self.holder.model.to(pl_module.device)
 
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # a validation outside fit (the base's, before the first step) has no on_fit_start
+        self.on_fit_start(trainer, pl_module)
+
     def state_dict(self) -> dict[str, Any]:
         # nothing of the junior goes into checkpoints: it is reloaded from its checkpoint
         return {"name_or_path": self.name_or_path}

@@ -1,19 +1,28 @@
 """A progress bar over optimizer steps (not epochs: the prompt stream is endless).
 
-It shows the step, the reward and the senior's token share; validation gets its own bar.
+It shows the step, the reward, its mean over the last steps (one batch's reward is too noisy to
+read a trend from) and the senior's token share; validation gets its own bar.
 What this file leaves out: what is logged (``tandem.modules.grpo``).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import TQDMProgressBar
 
+# how many steps the reward's running mean covers
+WINDOW = 10
+
 
 class StepProgressBar(TQDMProgressBar):
     """Lightning's tqdm bar with ``max_steps`` as its total and the step in its description."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.rewards: deque[float] = deque(maxlen=WINDOW)
 
     def on_train_epoch_start(self, trainer: L.Trainer, *_: Any) -> None:
         super().on_train_epoch_start(trainer)
@@ -25,7 +34,14 @@ class StepProgressBar(TQDMProgressBar):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *_: Any) -> None:
         bar = self.train_progress_bar
         bar.n = trainer.global_step
-        bar.set_postfix(self.get_metrics(trainer, pl_module), refresh=False)
+        metrics = self.get_metrics(trainer, pl_module)
+        reward = metrics.pop("reward", None)
+        if isinstance(reward, int | float):
+            self.rewards.append(float(reward))
+            mean = sum(self.rewards) / len(self.rewards)
+            # the running mean beside the step's reward, where the eye reads it
+            metrics = {"reward": reward, f"mean{WINDOW}": f"{mean:.3f}", **metrics}
+        bar.set_postfix(metrics, refresh=False)
         bar.refresh()
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:

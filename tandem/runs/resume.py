@@ -58,6 +58,7 @@ HONOURED = (
     "keep_checkpoints",
     "validation.every_n_steps",
     "validation.size",
+    "validation.at_start_and_end",
     "reward.workers",
 )
 CHOICES = ("refuse", "allow")

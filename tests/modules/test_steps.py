@@ -37,7 +37,9 @@ def test_max_steps_counts_batches_of_rollouts(tmp_path: Path) -> None:
     # a step checkpoint and a validation per batch, named by batches
     names = sorted(p.name for p in (tmp_path / "checkpoints").glob("step-*.ckpt"))
     assert names == ["step-1.ckpt", "step-2.ckpt"]
-    assert len([r for r in metrics_rows(tmp_path) if r.get("val/tandem/accuracy")]) == 1
+    # and the base's validation before the first step
+    validated = [int(r["step"]) for r in metrics_rows(tmp_path) if r.get("val/tandem/accuracy")]
+    assert len(validated) == 2 and validated[0] == 0, validated
 
 
 def write_old_counted(path: Path) -> None:

@@ -1,0 +1,152 @@
+"""What a run tells its user as it goes and when it ends.
+
+``RunReport`` is a callback of the launching process: every ``trainer.log_every_n_steps`` steps
+it writes one line of the step's metrics to ``train.log`` (with the mean reward of the last
+steps, which one batch's reward is too noisy to show), and every validation one line with its
+accuracies, which it also appends to ``validation.jsonl`` in the run folder, so that a resumed
+run still knows the base's figure. ``closing_summary`` is what ``tandem.train`` prints at the
+end: the base against the final validation accuracy, where the run's outputs are, what to run
+next.
+
+What this file leaves out: what is measured (``tandem.modules.grpo``) and the progress bar
+(``tandem.modules.progress``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+
+log = logging.getLogger(__name__)
+
+RECORD = "validation.jsonl"
+# how many steps the reward's running mean covers
+WINDOW = 10
+# the training metrics of a step's line, short name -> logged key
+STEP_KEYS = {
+    "reward": "train/reward",
+    "senior share": "train/senior_share",
+    "handoffs": "train/handoffs_per_rollout",
+    "length": "train/response_length",
+    "loss": "train/loss",
+    "kl": "train/kl",
+    "s/step": "time/step",
+}
+PASSES = {"tandem": "senior + junior", "solo": "senior alone"}
+
+
+class RunReport(L.Callback):
+    """Metrics in ``train.log`` and a record of every validation (rank 0 only).
+
+    Args:
+        folder: the run's folder (``validation.jsonl`` goes there).
+        to_console: also show the step lines on the console (no progress bar to show them).
+    """
+
+    def __init__(self, folder: str | Path, to_console: bool = False) -> None:
+        self.folder = Path(folder)
+        self.rewards: deque[float] = deque(maxlen=WINDOW)
+        self.steps = logging.getLogger("tandem.steps")
+        if not to_console:
+            # train.log only: under a progress bar a line per step would bury it
+            files = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+            self.steps.handlers = files
+            self.steps.propagate = not files
+
+    def on_train_batch_end(self, trainer: L.Trainer, *_: Any) -> None:
+        metrics = _floats(trainer.callback_metrics)
+        if "train/reward" in metrics:
+            self.rewards.append(metrics["train/reward"])
+        every = max(1, int(trainer.log_every_n_steps or 1))
+        if trainer.global_rank != 0 or trainer.global_step % every:
+            return
+        shown = [f"{name} {metrics[k]:.3g}" for name, k in STEP_KEYS.items() if k in metrics]
+        if self.rewards:
+            mean = sum(self.rewards) / len(self.rewards)
+            shown.insert(1, f"reward over the last {len(self.rewards)} steps {mean:.3f}")
+        total = f"/{trainer.max_steps}" if trainer.max_steps and trainer.max_steps > 0 else ""
+        self.steps.info("step %d%s: %s", trainer.global_step, total, ", ".join(shown))
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.global_rank != 0 or trainer.sanity_checking:
+            return
+        metrics = _floats(trainer.callback_metrics)
+        accuracy = {
+            p: metrics[f"val/{p}/accuracy"] for p in PASSES if f"val/{p}/accuracy" in metrics
+        }
+        if not accuracy:
+            return
+        entry = {"step": trainer.global_step, **{f"{p}_accuracy": a for p, a in accuracy.items()}}
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with (self.folder / RECORD).open("a") as f:
+            f.write(json.dumps(entry) + "\n")
+        shown = ", ".join(f"{p} ({PASSES[p]}) {a:.3f}" for p, a in accuracy.items())
+        log.info("validation at step %d: accuracy %s", trainer.global_step, shown)
+
+
+def validations(folder: str | Path) -> list[dict[str, Any]]:
+    """Every validation of the run in ``folder``, oldest first (one per step: the latest)."""
+    path = Path(folder) / RECORD
+    by_step: dict[int, dict[str, Any]] = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                entry = json.loads(line)
+                by_step[int(entry["step"])] = entry
+            except (ValueError, KeyError, TypeError):
+                continue  # a line a kill cut short
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def closing_summary(folder: str | Path, cfg: Any, step: int, evaluate_hint: str) -> str:
+    """The lines ``tandem.train`` prints when a run ends: base against final validation
+    accuracy, where the outputs are, and what to run next."""
+    folder = Path(folder)
+    records = validations(folder)
+    size = cfg.validation.size or "all"
+    temperature = cfg.validation.temperature
+    how = "greedy" if not temperature else f"temperature {temperature}"
+    lines = [f"run finished at step {step}: {folder}"]
+    if records:
+        first, last = records[0], records[-1]
+        lines.append(
+            f"validation accuracy ({size} held-out prompts, {how}): "
+            f"step {first['step']}{' (the base)' if first['step'] == 0 else ''} -> "
+            f"step {last['step']}"
+        )
+        for p, who in PASSES.items():
+            a, b = first.get(f"{p}_accuracy"), last.get(f"{p}_accuracy")
+            if a is not None and b is not None:
+                lines.append(f"  {p:<6} ({who}): {a:.3f} -> {b:.3f} ({b - a:+.3f})")
+    else:
+        lines.append("no validation ran (validation.at_start_and_end=false and no interval hit)")
+    lines += [
+        f"the senior: {folder / 'senior'}; checkpoints: {folder / 'checkpoints'}; "
+        f"every validation: {folder / RECORD}; metrics: train.log, "
+        + ("`aim up`" if _uses_aim(cfg) else f"{folder / 'csv'}"),
+        f"next: {evaluate_hint}",
+        "      python -m tandem.train experiment=grpo   (vanilla GRPO, the arm to compare with)",
+    ]
+    return "\n".join(lines)
+
+
+def _uses_aim(cfg: Any) -> bool:
+    return any("aim" in str(spec.get("_target_", "")).lower() for spec in cfg.logger or [])
+
+
+def _floats(metrics: dict[str, Any]) -> dict[str, float]:
+    out = {}
+    for key, value in metrics.items():
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            continue
+        if math.isfinite(number):
+            out[key] = number
+    return out

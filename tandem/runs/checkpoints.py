@@ -21,6 +21,7 @@ import logging
 import os
 import re
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -38,6 +39,11 @@ log = logging.getLogger(__name__)
 
 STEP = re.compile(r"^step-(\d+)\.ckpt$")
 TEMPORARY = re.compile(r"\.(tmp|old)-\d+$")
+# Lightning warns at every step checkpoint, with a code snippet that reads like a traceback,
+# that under manual optimization it holds the weights after that step's optimizer steps. That is
+# what a step checkpoint is here (the state the next step resumes from): StepCheckpoint silences
+# this one warning, and only where it saves
+MANUAL_OPTIMIZATION_WARNING = "Using ModelCheckpoint with manual optimization and every_n_train"
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -277,7 +283,9 @@ class StepCheckpoint(ModelCheckpoint):
         return super()._should_remove_checkpoint(trainer, previous, current)
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
-        super().on_train_batch_end(trainer, *args, **kwargs)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", MANUAL_OPTIMIZATION_WARNING, UserWarning)
+            super().on_train_batch_end(trainer, *args, **kwargs)
         # StopOnSignal is an ordinary callback, so Lightning ran it before this one
         if self.stop.stopping and self._last_global_step_saved != trainer.global_step:
             candidates = self._monitor_candidates(trainer)

@@ -69,3 +69,25 @@ def test_what_a_kill_left_is_cleaned_and_nothing_else(tmp_path: Path) -> None:
     removed = clean_temporaries(tmp_path, tmp_path / "absent")
     assert len(removed) == 3
     assert sorted(p.name for p in tmp_path.iterdir()) == [keep.name, keep.name + ".sha256"]
+
+
+def test_only_lightnings_manual_optimization_snippet_is_silenced(monkeypatch) -> None:
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.utilities import rank_zero_warn
+
+    from tandem.runs import checkpoints
+    from tandem.runs.signals import StopOnSignal
+
+    def warn_twice(self, trainer, *args, **kwargs) -> None:  # what Lightning's hook warns
+        rank_zero_warn(checkpoints.MANUAL_OPTIMIZATION_WARNING + "_steps, but no pre-optimization")
+        rank_zero_warn("Using ModelCheckpoint with something else", category=UserWarning)
+
+    monkeypatch.setattr(ModelCheckpoint, "on_train_batch_end", warn_twice)
+    step = checkpoints.StepCheckpoint("unused", 5, 2, StopOnSignal())
+
+    class Trainer:
+        global_step = 0
+
+    with pytest.warns(UserWarning) as caught:
+        step.on_train_batch_end(Trainer(), None, None, None, 0)
+    assert [str(w.message) for w in caught] == ["Using ModelCheckpoint with something else"]

@@ -43,6 +43,7 @@ from tandem.modules.export import check_senior
 from tandem.registry import REWARDS
 from tandem.runs import RunRefused
 from tandem.runs.checkpoints import is_distributed_checkpoint, verify
+from tandem.runs.report import run_label
 
 log = logging.getLogger(__name__)
 
@@ -82,12 +83,7 @@ def default_label(senior: str) -> str:
         folder = path.parent.parent
     if folder is None or not folder.name:
         return path.name or str(senior)
-    # Hydra writes multirun.yaml into a sweep's folder, beside its jobs' folders
-    name = (
-        f"{folder.parent.name}/{folder.name}"
-        if (folder.parent / "multirun.yaml").is_file()
-        else folder.name
-    )
+    name = run_label(folder)
     return name if folder == path.parent else f"{name}:{path.stem}"
 
 

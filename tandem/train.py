@@ -64,8 +64,11 @@ def world_size(cfg: DictConfig) -> int:
     return devices * int(cfg.trainer.get("num_nodes", 1) or 1)
 
 
-def build(cfg: DictConfig) -> tuple[L.Trainer, TandemGRPO, PromptDataModule, StopOnSignal]:
-    """Everything ``fit`` needs, from a validated config."""
+def build(
+    cfg: DictConfig, resuming: bool = False
+) -> tuple[L.Trainer, TandemGRPO, PromptDataModule, StopOnSignal]:
+    """Everything ``fit`` needs, from a validated config; ``resuming``: from a checkpoint (an
+    Aim logger then continues the Aim run this run started)."""
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from tandem.data.datamodule import PromptDataModule, prompt_token_cap
@@ -74,7 +77,7 @@ def build(cfg: DictConfig) -> tuple[L.Trainer, TandemGRPO, PromptDataModule, Sto
     from tandem.modules.models import context_length, load_tokenizer
     from tandem.modules.progress import StepProgressBar
     from tandem.runs.checkpoints import AtomicCheckpointIO, StepCheckpoint
-    from tandem.runs.report import RunReport
+    from tandem.runs.report import RunReport, aim_arguments
     from tandem.runs.signals import StopOnSignal
 
     out = Path(cfg.output_dir)
@@ -118,7 +121,9 @@ def build(cfg: DictConfig) -> tuple[L.Trainer, TandemGRPO, PromptDataModule, Sto
         callbacks.append(StepProgressBar())
     if is_launcher():
         callbacks.append(RunReport(out, to_console=not bar))
-    loggers = [hydra.utils.instantiate(spec) for spec in cfg.logger]
+    loggers = [
+        hydra.utils.instantiate(spec, **aim_arguments(spec, out, resuming)) for spec in cfg.logger
+    ]
     trainer = hydra.utils.instantiate(
         cfg.trainer,
         callbacks=callbacks,
@@ -151,7 +156,7 @@ def _fit(cfg: DictConfig) -> dict[str, Any]:
     from tandem.plan import check_plan
     from tandem.plan.report import summary, table
     from tandem.runs.checkpoints import disk_full_message, out_of_space
-    from tandem.runs.report import closing_summary
+    from tandem.runs.report import closing_summary, link_aim_run
     from tandem.runs.start import begin
 
     validate_train_config(cfg, world_size(cfg))
@@ -164,7 +169,9 @@ def _fit(cfg: DictConfig) -> dict[str, Any]:
     if cfg.get("threads"):
         torch.set_num_threads(cfg.threads)
     L.seed_everything(cfg.seed, workers=True)
-    trainer, module, data, stop = build(cfg)
+    trainer, module, data, stop = build(cfg, resuming=ckpt is not None)
+    if is_launcher():
+        link_aim_run(trainer.loggers, list(cfg.logger), cfg.output_dir)
     if trainer.global_rank == 0:
         log.info("run folder %s; resume with: %s", cfg.output_dir, resume_hint(cfg))
     try:

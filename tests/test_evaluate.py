@@ -24,7 +24,7 @@ from tandem.evaluate import default_label, run
 from tandem.evaluation.config import validate_eval_config
 from tandem.evaluation.models import senior_base
 from tandem.evaluation.records import read_records
-from tandem.evaluation.results import format_tables, macro_average
+from tandem.evaluation.results import format_tables, log_to_aim, macro_average
 from tandem.modules.export import check_senior, save_senior
 from tandem.modules.models import load_causal_lm, load_tokenizer
 
@@ -344,3 +344,16 @@ def test_with_base_scores_the_base_beside_the_senior_in_one_command(tmp_path: Pa
     row = next(line for line in printed.splitlines() if "solo/pass@1" in line).split()
     assert row[1:] == [f"{results['sets']['tiny']['solo/pass@1']:.3f}",
                        f"{base['sets']['tiny']['solo/pass@1']:.3f}"]  # fmt: skip
+
+
+def test_an_evaluations_aim_run_is_named_by_its_label(tmp_path: Path) -> None:
+    from aim import Repo
+    from aim.sdk.index_manager import RepoIndexManager
+
+    sets = {"tiny": {"solo/pass@1": 0.5}}
+    results = {"label": "trl-seed0", "output_dir": "x", "sets": sets, "macro": sets["tiny"]}
+    run_hash = log_to_aim(tmp_path / "aim", "eval", results, {})
+    repo = Repo.from_path(str(tmp_path / "aim"))
+    RepoIndexManager.get_index_manager(repo).index(run_hash)
+    (aim_run,) = list(Repo.from_path(str(tmp_path / "aim")).iter_runs())
+    assert aim_run.name == "eval: trl-seed0" and aim_run["results_dir"] == "x"

@@ -70,6 +70,8 @@ def log_to_aim(
     try:
         run["hparams"] = params
         run["label"] = results.get("label")
+        # shown in Aim's run list instead of the hash
+        run.name = f"eval: {results.get('label')}"
         run["results_dir"] = str(results.get("output_dir"))
         for name, table in [*results["sets"].items(), (MACRO, results[MACRO])]:
             for metric, value in table.items():

@@ -6,7 +6,9 @@ steps, which one batch's reward is too noisy to show), and every validation one 
 accuracies, which it also appends to ``validation.jsonl`` in the run folder, so that a resumed
 run still knows the base's figure. ``closing_summary`` is what ``tandem.train`` prints at the
 end: the base against the final validation accuracy, where the run's outputs are, what to run
-next.
+next. ``run_label`` names a run by its folder, for Aim and the evaluation's tables;
+``aim_arguments`` and ``link_aim_run`` give a run's Aim run that name and its folder, and let a
+resumed run continue the Aim run it started (its hash is kept in ``aim_run.json``).
 
 What this file leaves out: what is measured (``tandem.modules.grpo``) and the progress bar
 (``tandem.modules.progress``).
@@ -26,6 +28,7 @@ import lightning as L
 log = logging.getLogger(__name__)
 
 RECORD = "validation.jsonl"
+AIM_RUN = "aim_run.json"
 # how many steps the reward's running mean covers
 WINDOW = 10
 # the training metrics of a step's line, short name -> logged key
@@ -134,6 +137,50 @@ def closing_summary(folder: str | Path, cfg: Any, step: int, evaluate_hint: str)
         "      python -m tandem.train experiment=grpo   (vanilla GRPO, the arm to compare with)",
     ]
     return "\n".join(lines)
+
+
+def run_label(folder: str | Path) -> str:
+    """A run's name from its folder: ``outputs/<run>`` -> ``<run>``, a job of a sweep
+    (``multirun/<sweep>/<n>``, beside Hydra's ``multirun.yaml``) -> ``<sweep>/<n>``."""
+    folder = Path(folder).expanduser().absolute()
+    if (folder.parent / "multirun.yaml").is_file():
+        return f"{folder.parent.name}/{folder.name}"
+    return folder.name
+
+
+def _is_aim(spec: Any) -> bool:
+    return str(spec.get("_target_", "")).endswith("AimLogger")
+
+
+def aim_arguments(spec: Any, folder: str | Path, resuming: bool) -> dict[str, Any]:
+    """What ``tandem.train`` adds to a logger spec: for Aim, the run's name, and on a resume
+    the hash of the Aim run this run started (in the same repository), so that it continues."""
+    if not _is_aim(spec):
+        return {}
+    extra: dict[str, Any] = {"run_name": run_label(folder)}
+    try:
+        previous = json.loads((Path(folder) / AIM_RUN).read_text())
+    except (OSError, ValueError):
+        previous = None
+    if resuming and isinstance(previous, dict) and previous.get("repo") == _repo(spec):
+        extra["run_hash"] = previous.get("hash")
+    return extra
+
+
+def link_aim_run(loggers: list[Any], specs: list[Any], folder: str | Path) -> None:
+    """Record the Aim logger's run in the run folder (``aim_run.json``) and the folder in the
+    Aim run (``output_dir``), so that either leads to the other. ``specs``: the loggers'
+    configs, in order. Call it in the launching process only."""
+    for logger, spec in zip(loggers, specs, strict=True):
+        if _is_aim(spec):
+            run = logger.experiment
+            run["output_dir"] = str(Path(folder).absolute())
+            record = {"hash": run.hash, "repo": _repo(spec)}
+            (Path(folder) / AIM_RUN).write_text(json.dumps(record) + "\n")
+
+
+def _repo(spec: Any) -> str:
+    return str(Path(str(spec.get("repo") or ".aim")).expanduser().absolute())
 
 
 def _uses_aim(cfg: Any) -> bool:

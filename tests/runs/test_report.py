@@ -9,7 +9,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from tandem.runs.report import RECORD, closing_summary, validations
+from tandem.runs.report import RECORD, closing_summary, run_label, validations
 from tandem.train import run
 from tests.modules.test_train import config
 
@@ -76,3 +76,38 @@ def test_a_run_validates_the_base_first_logs_its_steps_and_closes_with_the_summa
     assert summary and "step 0 (the base) -> step 3" in summary[0]
     # the training's metrics are still returned beside the final validation's
     assert "train/reward" in metrics and "val/tandem/accuracy" in metrics
+
+
+def test_an_aim_run_is_named_after_its_folder_and_a_resume_continues_it(
+    tmp_path: Path, monkeypatch
+) -> None:
+    from aim import Repo
+    from aim.sdk.index_manager import RepoIndexManager
+
+    from tests.modules.test_train import compose_logger
+
+    repo = tmp_path / "aim"
+    monkeypatch.setenv("TANDEM_AIM_REPO", str(repo))
+    folder = tmp_path / "trl-seed0"
+    for steps, ckpt in ((2, "null"), (3, "last")):
+        cfg = config(folder, f"trainer.max_steps={steps}", f"ckpt_path={ckpt}")
+        cfg.logger = compose_logger("aim")
+        run(cfg)
+    aim_repo = Repo.from_path(str(repo))
+    indexer = RepoIndexManager.get_index_manager(aim_repo)
+    for run_hash in aim_repo.list_all_runs():
+        indexer.index(run_hash)
+    (aim_run,) = list(Repo.from_path(str(repo)).iter_runs())  # one Aim run, not one a start
+    assert aim_run.name == "trl-seed0"
+    assert aim_run["output_dir"] == str(folder.absolute())
+    assert json.loads((folder / "aim_run.json").read_text())["hash"] == aim_run.hash
+    rewards = next(m for m in aim_run.metrics() if m.name == "train/reward")
+    # each start's steps in the one run
+    assert (rewards.first_step(), rewards.last_step()) == (0, 2)
+
+
+def test_a_run_in_a_sweep_is_named_by_the_sweep_and_its_job(tmp_path: Path) -> None:
+    (tmp_path / "tiny_world" / "trl-seed1").mkdir(parents=True)
+    (tmp_path / "tiny_world" / "multirun.yaml").write_text("{}")
+    assert run_label(tmp_path / "tiny_world" / "trl-seed1") == "tiny_world/trl-seed1"
+    assert run_label(tmp_path / "tiny_world") == "tiny_world"

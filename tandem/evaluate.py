@@ -155,7 +155,7 @@ def _run(cfg: DictConfig) -> dict[str, Any]:
         for eval_set in sets:
             tables[eval_set.name], problems = evaluator.run(eval_set)
             reports[eval_set.name] = {**vars(problems.report), "problems": len(problems)}
-            log.info("%s: %s", eval_set.name, tables[eval_set.name])
+            log.info("%s: %d problems evaluated", eval_set.name, len(problems))
     finally:
         writer.close()
         if hasattr(reward, "close"):

@@ -311,7 +311,12 @@ def test_the_printed_table_is_rounded_with_a_column_per_model() -> None:
     assert lines[0].split() == ["tiny", "trl-seed0", "tiny", "(base)"]
     assert lines[1].split() == ["solo/pass@1", "0.492", "0.354"]
     assert lines[2].split() == ["drift/kl", "0.012", "-"]  # the base was not measured on it
-    assert "macro" in text and "0.49218751" not in text
+    assert "macro" not in text and "0.49218751" not in text  # one set: its own average
+    senior["sets"]["aime24"] = {"solo/pass@1": 0.1}
+    senior["macro"] = macro_average(senior["sets"])
+    blocks = format_tables([senior, base]).split("\n\n")
+    assert [b.split()[0] for b in blocks] == ["tiny", "aime24", "macro"]
+    assert blocks[1].splitlines()[1].split() == ["solo/pass@1", "0.100", "-"]
 
 
 def test_with_base_scores_the_base_beside_the_senior_in_one_command(tmp_path: Path, caplog) -> None:

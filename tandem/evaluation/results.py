@@ -88,7 +88,8 @@ def format_tables(results: list[dict[str, Any]], digits: int = 3) -> str:
     labels = [str(r.get("label")) for r in results]
     sets = list(dict.fromkeys(s for r in results for s in r["sets"]))
     blocks = []
-    for name in [*sets, MACRO]:
+    # the macro average of one set is that set again
+    for name in [*sets, MACRO] if len(sets) > 1 else sets:
         tables = [r[MACRO] if name == MACRO else r["sets"].get(name, {}) for r in results]
         metrics = sorted({k for t in tables for k in t}, key=_column_order)
         if not metrics:

@@ -93,18 +93,31 @@ def test_paper_study_runs_end_to_end(tmp_path: Path) -> None:
     for claim in CLAIMS:
         assert claim.title in text
     header = next(line for line in text.splitlines() if line.startswith("| metric | base |"))
-    arms_shown = [c.strip() for c in header.split("|")[3:-2]]
+    columns = [c.strip() for c in header.split("|")[1:-1]]
+    assert columns[-2:] == ["GRPO seed pairs (null)", "paper (trl / grpo)"]
+    arms_shown = columns[2:-2]
     assert sorted(arms_shown) == sorted({a.rsplit("-seed", 1)[0] for a in arms})
-    rows = [line for line in text.splitlines() if line.startswith("| `")]
-    assert len(rows) >= 9
+    # the claims' tables: the rows as wide as their header
+    rows = [
+        line
+        for line in text.splitlines()
+        if line.startswith("| `") and line.count("|") == header.count("|")
+    ]
+    assert len(rows) >= 10
+    displacement = ("`pulled_back`", "`pullback_rho`", "`spearman_top`")
     for row in rows:
         metric, *cells = (c.strip() for c in row.split("|")[1:-1])
         for arm, cell in zip(arms_shown, cells[1:], strict=False):
             # GRPO is the reference of the displacement analysis: it has no value of its own
-            if arm == "grpo" and metric in ("`pulled_back`", "`pullback_rho`"):
+            if arm == "grpo" and metric in displacement:
                 continue
             assert cell != "n/a" and "(n=1)" not in cell, (metric, arm, row)
+        # two GRPO seeds: one pair of seeds, two ordered pairs of the displacement analysis
+        null = cells[len(arms_shown) + 1]
+        assert ("(1 pair)" in null) or (metric in displacement and "[" in null), row
     assert "Per seed: rho" in text
+    assert "## Verdicts before and after the null" in text
+    assert "## Problems: paired intervals and coverage" in text
 
 
 def len_of(results: dict, name: str) -> int:

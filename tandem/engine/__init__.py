@@ -1,9 +1,10 @@
 """Co-generation of rollouts by a senior and a junior model (pure torch, no Lightning).
 
 ``generate(senior, junior, prompts, sampler, params) -> Rollouts``; see ``tandem.engine.base``
-for the contract and ``tandem.engine.generate`` for the loop. Importing this package registers
-the rollout backends in ``tandem.registry.BACKENDS`` (``torch``; ``vllm``, which imports vLLM
-only when built; see ``tandem.engine.backend``).
+for the contract, ``tandem.engine.generate`` for the entry point, ``tandem.engine.loop`` for the
+one-vocabulary loop and ``tandem.engine.cross`` for a junior of another vocabulary. Importing
+this package registers the rollout backends in ``tandem.registry.BACKENDS`` (``torch``;
+``vllm``, which imports vLLM only when built; see ``tandem.engine.backend``).
 """
 
 from tandem.engine import vllm_backend

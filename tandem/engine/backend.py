@@ -27,8 +27,8 @@ from typing import Any, Protocol
 from torch import Tensor
 
 from tandem.engine.base import Lockstep, Rollouts, SamplingParams
-from tandem.engine.cross import same_vocabulary
 from tandem.engine.generate import generate
+from tandem.engine.vocabulary import same_vocabulary
 from tandem.registry import BACKENDS
 from tandem.samplers.base import Sampler
 

@@ -12,8 +12,8 @@ the logits divided by that temperature first: the quantity GRPO's ratio and its 
 verl and TRL (the trainer recomputes it with gradients). Neither includes top-k, top-p or the word
 sampler's onset restriction: those only decide which token is drawn.
 
-What this file leaves out: the generation loop (``tandem.engine.generate``) and token sampling
-(``tandem.engine.draw``).
+What this file leaves out: the generation loop (``tandem.engine.loop``), the layout every engine
+builds its rollouts with (``tandem.engine.layout``) and token sampling (``tandem.engine.draw``).
 """
 
 from __future__ import annotations
@@ -39,7 +39,10 @@ class StopReason(enum.IntEnum):
     """Why a row stopped (``Rollouts.stop_reasons``)."""
 
     EOS = 0  # the row emitted one of the EOS ids (kept as its last token)
-    LENGTH = 1  # the row reached max_new_tokens
+    # the row ran out of room: max_new_tokens, or what context_limit leaves after its prompt
+    # (SamplingParams.budget), or its schedule ended it (Handoff.done: a cap on turns); so
+    # masking truncated rows masks all three
+    LENGTH = 1
 
 
 @dataclass(frozen=True)

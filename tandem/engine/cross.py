@@ -1,32 +1,33 @@
 """Co-generation across vocabularies: a senior and a junior with tokenizers of their own.
 
 The shared response is text. Each model keeps its own token sequence of it and reads it through
-its own KV cache; the pen passes only where both tokenizations agree on a split, so neither
-model ever sees a word cut in two. The rule (the word schedule's, on text):
+its own KV cache. The handoff sampler decides who writes, exactly as in the one-vocabulary loop:
+the same ``start`` and ``step`` calls, the senior's tokens stepped by the sampler itself and the
+junior's by ``sampler.with_tables(the junior's tables)``, the same rule over the junior's own
+boundary tables. So every schedule (word under either rule and boundary, with its
+``max_gap_tokens``; sentence; step; token; solo) runs across vocabularies. At a change of pen the
+state's token ids (``Sampler.token_state``: the last token) are given in the new author's
+vocabulary: its own last token of the same text. Where the sampler retracts a proposal (the word
+sampler's ``onset`` rule), the new author, once it has read the other's words, draws that
+position from ``sampler.allowed`` over its own vocabulary, as the one-vocabulary loop redraws.
 
-1. the author proposes a token from its sampling distribution;
-2. if the token starts with a space (a word onset under both pre-tokenizers: the pair check,
-   ``split_problem``, refuses a tokenizer whose pre-tokenizer does not split before a space),
-   the words before it are complete, and a coin picks the next word's author, the senior with
-   probability ``p``; if the author keeps the pen, the token is emitted;
-3. otherwise the proposal is withdrawn, and the new author, once it has read the other's words,
-   draws a token restricted to its own space-led tokens, so it starts a word rather than
-   finishing the other's.
-
-Reading: whenever an author's words are complete (at every proposed onset), they are re-tokenized
-into the other model's tokens and appended to its sequence, marked with their author. A model reads
-a row's queue when it writes there: its own last token, or, when the pen has just come to it,
-everything the other wrote since its last turn, in one packed forward (``tandem.engine.packed``:
-only the tokens really read go through the layers, each row's however many), then draws. Each step
-gives the models turns junior, senior, junior, so the new author of a row has its turn right after
-the change of pen (after the step's last turn, one junior turn passes first), and the junior, whose
-tokens are usually shorter, writes up to two tokens a step to the senior's one. Reading late costs
-nothing: the tokens go through the layers once either way, and a model makes no forward in a turn
-with nothing to write. Models that cannot be read packed (not sdpa, or sliding-window layers) read
-right-padded blocks instead (``_BlockReader``), with the same results. Re-tokenizing word by word
-equals tokenizing the whole text under such pre-tokenizers (``tests/engine/test_cross.py`` checks
-it on the tiny world); the loss never depends on it anyway, since it reads the senior's own
-sequence.
+Reading: an author's text passes to the other model, in the other's tokens (``tandem.engine
+.vocabulary``: byte for byte, so the two sequences always spell the same text), before each
+space-led token the author proposes (the text before it is whole words, which tokenize apart as
+they would together: the pair check, ``split_problem``, holds both tokenizers to it), at each
+change of pen, and at the row's end. A model reads a row's queue when it writes there: its own
+last token, or, when the pen has just come to it, everything the other wrote since its last turn,
+in one packed forward (``tandem.engine.packed``: only the tokens really read go through the
+layers, each row's however many), then draws. Each step gives the models turns junior, senior,
+junior, so the new author of a row has its turn right after the change of pen (after the step's
+last turn, one junior turn passes first), and the junior, whose tokens are usually shorter,
+writes up to two tokens a step to the senior's one. Reading late costs nothing: the tokens go
+through the layers once either way, and a model makes no forward in a turn with nothing to write.
+Models that cannot be read packed (not sdpa, or sliding-window layers) read right-padded blocks
+instead (``tandem.engine.block``), with the same results. A change of pen inside a word (the
+``after_boundary`` rule, ``max_gap_tokens``, the token schedule) gives each model the other's
+piece of the word in its own tokens, which need not be how it would tokenize the whole word; the
+loss never depends on that, since it reads the senior's own sequence.
 
 What the rollout holds (``CrossRollouts``): ``tokens``/``authors`` are the senior's sequence,
 the loss's: its own tokens with the log-probs it sampled them with, and the junior's words in
@@ -36,24 +37,22 @@ its log-probs (the legibility metrics' per-byte figures). ``junior_logprobs`` an
 ``ref_logprobs`` are ``None``: no per-token junior figure exists on the senior's tokens.
 
 Randomness: the token draws and the coins come from two CPU generators seeded from
-``params.seed`` (``tandem.engine.draw``), one uniform per row per turn each.
+``params.seed`` (``tandem.engine.draw``), one uniform per row per turn each (the first coin
+from the coins' stream too).
 
-Lengths: a row stops on either model's EOS (the other model's sequence gets its own EOS), or when
-the senior's sequence could exceed the row's budget (``max_new_tokens`` / ``context_limit``):
-text the senior has not read yet is counted at one token per byte of its decoded text, an upper
-bound, so a row whose junior writes last may stop a few tokens early; the junior's own sequence
-is as long as it needs to be.
+Lengths: a row stops on either model's EOS (the other model's sequence gets its own EOS), when
+the schedule ends it (``Handoff.done``), or when the senior's sequence could exceed the row's
+budget (``max_new_tokens`` / ``context_limit``): text the senior has not read yet is counted at
+one token per byte, an upper bound, so a row whose junior writes last may stop a few tokens
+early; the junior's own sequence is as long as it needs to be.
 
-What this file leaves out: the same-vocabulary loop (``tandem.engine.generate``), the word
-sampler's ``max_gap_tokens``, ``rule`` and ``boundary`` options (a forced change inside a run
-with no spaces would cut a word in two, which a cross pair cannot read: here only ``p`` counts),
-and the sentence and step schedules (refused by ``generate``).
+What this file leaves out: the one-vocabulary loop (``tandem.engine.loop``), the passes under a
+KV budget (one pass here; ``tandem.engine.generate`` warns over budget) and lockstep (refused by
+``generate``).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -62,19 +61,33 @@ import torch
 from torch import Tensor
 
 from tandem.engine.base import JUNIOR, PAD, SENIOR, Rollouts, SamplingParams, StopReason
-from tandem.engine.cache import reserved
+from tandem.engine.block import BlockReader
 from tandem.engine.draw import coin_generator, draw, score
+from tandem.engine.layout import Prompts, decoded, eos_ids, eval_mode, finish, model_configs, pad_id
 from tandem.engine.packed import PackedReader, packable
-from tandem.engine.reader import Reader
-from tandem.metrics.per_byte import byte_table
-from tandem.samplers.boundaries import token_surfaces
+from tandem.engine.vocabulary import (
+    PROBE_TEXTS,
+    Vocabulary,
+    padded_to,
+    same_vocabulary,
+    split_problem,
+    vocabulary,
+)
+from tandem.samplers.base import Sampler, State
 
-# Compact the batch once this fraction of its rows has finished (as ``generate`` does).
+__all__ = [
+    "PROBE_TEXTS",
+    "CrossRollouts",
+    "Sequences",
+    "generate_cross",
+    "same_vocabulary",
+    "split_problem",
+]
+
+# Compact the batch once this fraction of its rows has finished (as the one-vocabulary loop).
 _COMPACT_FRACTION = 1 / 8
-# Every so many steps, each block reader's cache drops the columns its rows did not read
-# (``tidy``) when at least ``_HIDDEN_COLUMNS_WORTH_DROPPING`` of them can go.
+# Every so many steps, each block reader's cache drops the columns its rows did not read.
 _DROP_HIDDEN_EVERY = 16
-_HIDDEN_COLUMNS_WORTH_DROPPING = 16
 
 
 @dataclass(frozen=True)
@@ -112,25 +125,29 @@ class CrossRollouts(Rollouts):
 
 @dataclass
 class _Model:
-    """One partner: its model reader, tokenizer, surfaces and code."""
+    """One partner: its reader, vocabulary, sampler over its ids, and code."""
 
     reader: Any
-    tokenizer: Any
+    vocab: Vocabulary
+    sampler: Sampler  # the schedule over this model's ids, bound to its logits
     code: int
     eos: Tensor  # [E] its EOS ids
     pad: int
-    spaced: Tensor  # [V] bool: tokens whose surface starts with a space (never special)
+    prompts: Prompts
+    spaced: Tensor  # [V] bool: space-led tokens, before which its text may be cut
     nbytes: Tensor  # [V] long: bytes each token spells (0 for special tokens)
-    # [V] long: the most bytes a token's text takes once decoded (a partial UTF-8 character
-    # alone decodes to U+FFFD, 3 bytes), which bounds the other model's tokens of it
-    bound: Tensor
+    context: Tensor  # [N] each rollout row's last prompt token
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.vocab.tokenizer
 
 
 def generate_cross(
     senior: Any,
     junior: Any,
     prompts: Sequence[Sequence[int]] | Sequence[Tensor],
-    p: float,
+    sampler: Sampler,
     params: SamplingParams,
     *,
     tokenizer: Any,
@@ -142,7 +159,7 @@ def generate_cross(
     Args:
         senior, junior: Hugging Face causal LMs.
         prompts: the prompts in the senior's token ids.
-        p: the probability that the senior writes a given word.
+        sampler: the handoff schedule, built with the senior's tokenizer.
         params: sampling parameters (their EOS ids, if given, are the senior's; ``()`` turns
             off EOS for both models).
         tokenizer, junior_tokenizer: each model's tokenizer.
@@ -150,255 +167,104 @@ def generate_cross(
             senior's prompt text (right when both use the same chat format, as the tiny world's
             pair does; give the junior's own chat template's prompts otherwise).
     """
-    # imported here, not at the top: generate imports this module to dispatch to it
-    from tandem.engine.generate import _eos_ids, _eval_mode, _left_pad, _pad_id
-
     if junior_prompts is None:
         texts = tokenizer.batch_decode([list(map(int, x)) for x in prompts])
         junior_prompts = junior_tokenizer(texts, add_special_tokens=False)["input_ids"]
-    eos_s = _eos_ids(senior, params)
+    eos_s = eos_ids(params.eos_token_ids, model_configs(senior))
     # the junior's own EOS ids, unless the caller turned EOS off for the row (``()``)
-    eos_j = () if params.eos_token_ids == () else _eos_ids(junior, SamplingParams())
-    pad_s, pad_j = _pad_id(senior, tokenizer, eos_s), _pad_id(junior, junior_tokenizer, eos_j)
-    ids_s, mask_s = _left_pad(prompts, pad_s)
-    ids_j, mask_j = _left_pad(junior_prompts, pad_j)
-    with _eval_mode([senior, junior]), torch.inference_mode():
-        loop = _CrossLoop(
-            _model(senior, tokenizer, SENIOR, eos_s, pad_s),
-            _model(junior, junior_tokenizer, JUNIOR, eos_j, pad_j),
-            p,
-            params,
-        )
-        out = loop.run((ids_s, mask_s), (ids_j, mask_j))
-    # cloned outside inference mode: training may save them for backward
-    return _cloned(out)
+    eos_j = () if params.eos_token_ids == () else eos_ids(None, model_configs(junior))
+    g = params.samples_per_prompt
+    with eval_mode([senior, junior]), torch.inference_mode():
+        s = _model(senior, tokenizer, sampler, SENIOR, eos_s, prompts, g, None)
+        home = s.reader.device  # where the rows' bookkeeping and the schedules live
+        j = _model(junior, junior_tokenizer, sampler, JUNIOR, eos_j, junior_prompts, g, home)
+        loop = _CrossLoop(s, j, params)
+        loop.run()
+        fields, juniors = loop.fields()
+    return finish(CrossRollouts, **fields, junior=finish(Sequences, **juniors))
 
 
-# Texts on which a pair's tokenizers must both split before every space (the pair check): prose,
-# arithmetic in the tiny world's style, LaTeX, code, runs of spaces and newlines.
-PROBE_TEXTS = (
-    "We begin with 41 toy cars.\n\nMultiplying by 4 gives 41 * 4 = 164 toy cars.",
-    "So the final count is \\boxed{200}. It's (about) 3.5 km, isn't it?",
-    "Let $x^2 + y_1 = \\frac{1}{2}$ and  two  spaces,\n then a newline and\ttab.",
-    "def f(a, b):\n    return a + b  # ok",
-)
-
-
-def split_problem(tokenizer: Any, texts: Sequence[str] = PROBE_TEXTS) -> str | None:
-    """Why ``tokenizer`` cannot take part in a cross-vocabulary pair, or None.
-
-    The pen passes before a space; each model then reads the new text on its own. That is exact
-    only if tokenizing the text in pieces cut before a space gives the tokens of the whole (the
-    pre-tokenizer splits there: Qwen's, GPT-2's, Llama 3's do; one whose words carry the space
-    after them does not), if decoding the tokens gives the text back, and if its words begin
-    with a space-led token (the word onsets the pen passes at).
-    """
-    spaced = _tables(tokenizer)[0]
-    for text in texts:
-        whole = tokenizer(text, add_special_tokens=False)["input_ids"]
-        back = tokenizer.decode(whole, skip_special_tokens=True)
-        if back != text:
-            return f"decoding its tokens of {text!r} gives {back!r}, not the text"
-        cuts = [i for i in range(1, len(text)) if text[i] == " "]
-        pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
-        joined = [
-            t for piece in pieces for t in tokenizer(piece, add_special_tokens=False)["input_ids"]
-        ]
-        if joined != whole:
-            return (
-                f"tokenizing {text!r} word by word (cut before each space) gives other tokens "
-                "than tokenizing it whole: its pre-tokenizer does not split before a space"
-            )
-        if not any(bool(spaced[t]) for t in whole):
-            return f"none of its tokens of {text!r} starts with a space"
-    return None
-
-
-def same_vocabulary(tokenizer: Any, other: Any) -> bool:
-    """Whether two tokenizers map every token to the same id (then the one-loop engine serves)."""
-    if tokenizer is other or tokenizer is None or other is None:
-        return True  # nothing to tell them apart: the one-loop engine checks the logits' widths
-    return len(tokenizer) == len(other) and tokenizer.get_vocab() == other.get_vocab()
-
-
-def _cloned(x: Any) -> Any:
-    """A copy of a dataclass of tensors (nested), every tensor cloned."""
-    fields = {f.name: getattr(x, f.name) for f in dataclasses.fields(x)}
-    for k, v in fields.items():
-        if isinstance(v, Tensor):
-            fields[k] = v.clone()
-        elif dataclasses.is_dataclass(v):
-            fields[k] = _cloned(v)
-    return type(x)(**fields)
-
-
-# tokenizer -> its (spaced, nbytes, bound) tables, built once per tokenizer: a training run
-# generates with the same two tokenizers at every step, and a 151k vocabulary takes a while
-_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _tables(tokenizer: Any) -> tuple[Tensor, Tensor, Tensor]:
-    """``[V]`` tables over ``tokenizer``'s ids: space-led, bytes spelt, bytes once decoded."""
-    if tokenizer not in _TABLES:
-        surfaces = token_surfaces(tokenizer)
-        spaced = [s is not None and s[:1] == b" " for s in surfaces]
-        bound = [0 if s is None else len(s.decode("utf-8", "replace").encode()) for s in surfaces]
-        _TABLES[tokenizer] = (torch.tensor(spaced), byte_table(tokenizer), torch.tensor(bound))
-    return _TABLES[tokenizer]
-
-
-def _model(model: Any, tokenizer: Any, code: int, eos: tuple[int, ...], pad: int) -> _Model:
-    reader = PackedReader(model) if packable(model) else _BlockReader(model)
+def _model(
+    model: Any,
+    tokenizer: Any,
+    sampler: Sampler,
+    code: int,
+    eos: tuple[int, ...],
+    prompts: Sequence[Sequence[int]] | Sequence[Tensor],
+    g: int,
+    home: torch.device | None,
+) -> _Model:
+    reader = PackedReader(model) if packable(model) else BlockReader(model)
+    home = reader.device if home is None else home
+    vocab = vocabulary(tokenizer)
+    pad = pad_id(eos, (tokenizer, *model_configs(model)))
+    batch = Prompts.of(prompts, pad)
+    own = sampler if code == SENIOR else sampler.with_tables(vocab.tables)
     # ids past the tokenizer (padding rows of the logits) spell nothing and begin no word
     width = model.get_output_embeddings().weight.shape[0]
-    tables = [torch.cat([t, t.new_zeros(max(0, width - t.numel()))]) for t in _tables(tokenizer)]
-    spaced, nbytes, bound = (t.to(reader.device) for t in tables)
-    eos_ids = torch.tensor(eos, dtype=torch.long, device=reader.device)
-    return _Model(reader, tokenizer, code, eos_ids, pad, spaced, nbytes, bound)
-
-
-class _BlockReader(Reader):
-    """A ``Reader`` that also reads a right-padded block of tokens per row in one forward.
-
-    Rows read different numbers of tokens (a catch-up, one token, or none); the block's padded
-    columns are hidden from every later position, and padded queries see the block up to
-    themselves so that their (discarded) outputs, which feed the cache's later layers, are finite.
-    It serves the models ``PackedReader`` cannot read, at the cost of a padded slot in every layer
-    for each row that reads less than the most.
-    """
-
-    def feed(self, rows: Tensor, tokens: Tensor, counts: Tensor) -> Tensor:
-        """``PackedReader.feed``'s contract: ``counts[i]`` tokens for batch row ``rows[i]``,
-        packed in ``tokens [M]``; ``[M, V]`` logits, each after its own token."""
-        n, m = self.position.shape[0], tokens.shape[0]
-        rows, counts = rows.cpu(), counts.cpu()  # the block is built on the host
-        offsets = torch.arange(m) - (counts.cumsum(0) - counts).repeat_interleave(counts)
-        at = rows.repeat_interleave(counts)  # [M] batch row of each token
-        block = torch.zeros(n, int(counts.max()), dtype=torch.long)
-        valid = torch.zeros(n, block.shape[1], dtype=torch.bool)
-        block[at, offsets], valid[at, offsets] = tokens.cpu(), True
-        return self.feed_block(block, valid)[at.to(self.device), offsets.to(self.device)]
-
-    def feed_block(self, tokens: Tensor, valid: Tensor) -> Tensor:
-        """Read ``tokens [n, K]`` where ``valid [n, K]`` (right-padded); ``[n, K, V]`` logits."""
-        n, k = tokens.shape
-        tokens, valid = tokens.to(self.device), valid.to(self.device)
-        self._room(k)
-        w = self.width
-        causal = torch.ones(k, k, dtype=torch.bool, device=self.device).tril()  # [K, K]
-        if self._mask_kind is None:
-            self.mask[:, w : w + k] = valid
-            attention = self.mask[:, : w + k]
-        else:
-            past = self.mask[:, :, :, :w].expand(n, 1, k, w)  # [n, 1, K, w]
-            block = causal[None, None].expand(n, 1, k, k)
-            if self._mask_kind == "sdpa":
-                attention = torch.cat([past, block], dim=-1)
-                self.mask[:, 0, 0, w : w + k] = valid
-            else:
-                hidden = torch.tensor(self._hidden, dtype=self.mask.dtype, device=self.device)
-                attention = torch.cat([past, torch.where(block, 0.0, hidden)], dim=-1)
-                self.mask[:, 0, 0, w : w + k] = torch.where(valid, 0.0, hidden)
-        positions = self.position[:, None] + (valid.long().cumsum(1) - 1).clamp(min=0)
-        out = self.model(
-            input_ids=tokens,
-            attention_mask=attention,
-            position_ids=positions,
-            use_cache=True,
-            **{self._cache_arg: self.cache},
-        )
-        self.width += k
-        self.position = self.position + valid.long().sum(1)
-        return out.logits.float()  # [n, K, V]
-
-    def tidy(self) -> None:
-        """Move each row's visible cache columns to the front and drop the columns no row sees.
-
-        Every read adds a column for every row, hidden where the row read nothing, so a cache
-        grows by one column per step while rows read fewer tokens; attention reads all of them.
-        Positions are the rows' own (counted over what they read), so moving keys changes
-        nothing they attend to.
-        """
-        if self._mask_kind is None or not reserved(self.cache):
-            return
-        w = self.width
-        columns = self.mask[:, 0, 0, :w]
-        seen = columns if self._mask_kind == "sdpa" else columns == 0  # [n, w]
-        counts = seen.sum(1)  # [n]
-        keep = int(counts.max())
-        if keep > w - _HIDDEN_COLUMNS_WORTH_DROPPING:
-            return
-        order = torch.argsort((~seen).to(torch.int8), dim=1, stable=True)[:, :keep]  # [n, keep]
-        for layer in self.cache.layers:
-            k, v = layer.keys, layer.values  # [n, H_kv, w, d]
-            layer.keys = k.gather(2, order[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3]))
-            layer.values = v.gather(
-                2, order[:, None, :, None].expand(-1, v.shape[1], -1, v.shape[3])
-            )
-            layer._storage = None  # the next write reserves storage around the kept columns
-        front = torch.arange(keep, device=self.device)[None] < counts[:, None]  # [n, keep]
-        if self._mask_kind == "sdpa":
-            self.mask[:, 0, 0, :] = False
-            self.mask[:, 0, 0, :keep] = front
-        else:
-            self.mask[:, 0, 0, :] = self._hidden
-            self.mask[:, 0, 0, :keep] = torch.where(front, 0.0, self._hidden)
-        self.width = keep
-
-    def _room(self, k: int) -> None:
-        """Grow the mask buffer (by doubling) until ``k`` more columns fit."""
-        size = self.mask.shape[-1]
-        if self.width + k <= size:
-            return
-        extra = max(size, self.width + k - size)
-        fill = self._hidden if self._mask_kind == "eager" else 0
-        pad = torch.full((*self.mask.shape[:-1], extra), fill, device=self.device)
-        self.mask = torch.cat([self.mask, pad.to(self.mask.dtype)], dim=-1)
+    own.bind(width, home)
+    return _Model(
+        reader,
+        vocab,
+        own,
+        code,
+        torch.tensor(eos, dtype=torch.long, device=home),
+        pad,
+        batch,
+        padded_to(vocab.tables.leading_space, width).to(home),
+        padded_to(vocab.nbytes, width).to(home),
+        batch.ids[:, -1].repeat_interleave(g).to(home),
+    )
 
 
 class _CrossLoop:
     """The state of one ``generate_cross`` call.
 
-    Every token a model's sequence gains (its own, or the other author's completed words in its
-    tokens) is queued for it to read: its cache has read ``read[m]`` of its ``length[m]`` tokens.
-    In its turn a model reads all its queued tokens of the rows it writes (and of rows that have
-    ended), then draws for the live ones. Batch rows (``[n]`` tensors) shrink as rows finish;
-    sequences live in ``[N, cap]`` buffers indexed by rollout row (``self.rows`` maps a batch row
-    to its rollout row). A finished row stays until the other model has read its last words, so
-    that both sequences carry log-probs.
+    Every token a model's sequence gains (its own, or the other author's words in its tokens) is
+    queued for it to read: its cache has read ``read[m]`` of its ``length[m]`` tokens. In its turn
+    a model reads all its queued tokens of the rows it writes (and of rows that have ended), then
+    draws for the live ones and steps their schedule. Batch rows (``[n]`` tensors, the schedule's
+    state among them) shrink as rows finish; sequences live in ``[N, cap]`` buffers indexed by
+    rollout row (``self.rows`` maps a batch row to its rollout row). A finished row stays until
+    the other model has read its last words, so that both sequences carry log-probs.
     """
 
-    def __init__(self, senior: _Model, junior: _Model, p: float, params: SamplingParams) -> None:
+    def __init__(self, senior: _Model, junior: _Model, params: SamplingParams) -> None:
         self.models = (junior, senior)  # indexed by code: JUNIOR = 0, SENIOR = 1
-        self.p, self.params = p, params
+        self.params = params
         self.home = senior.reader.device
         self.generator = torch.Generator().manual_seed(params.seed)
         self.coins = coin_generator(params.seed)
         # writer code -> {its token chunk: the other model's tokens of its text}
         self._translations: dict[int, dict[tuple[int, ...], list[int]]] = {SENIOR: {}, JUNIOR: {}}
 
-    def run(
-        self, senior_prompt: tuple[Tensor, Tensor], junior_prompt: tuple[Tensor, Tensor]
-    ) -> CrossRollouts:
+    @property
+    def author(self) -> Tensor:
+        """``[n]`` who writes each batch row's next token."""
+        return self.state["author"]
+
+    def run(self) -> None:
         params, g, home = self.params, self.params.samples_per_prompt, self.home
-        prompts = {SENIOR: senior_prompt, JUNIOR: junior_prompt}
         self.last = {}  # code -> [n, V] logits after the last token each row's model read
         for m in self.models:
-            ids, mask = prompts[m.code]
-            logits = m.reader.prefill(ids, mask, g, params.max_new_tokens)
+            logits = m.reader.prefill(m.prompts.ids, m.prompts.mask, g, params.max_new_tokens)
             self.last[m.code] = logits.to(home)
         n = self.last[SENIOR].shape[0]
         self.total = n
-        lengths = senior_prompt[1].sum(1).repeat_interleave(g)
+        lengths = self.models[SENIOR].prompts.lengths.repeat_interleave(g)
         self.budget = torch.tensor([params.budget(int(k)) for k in lengths], device=home)  # [N]
         self._buffers(n)
         self.rows = torch.arange(n, device=home)  # [n] rollout row of each batch row
-        coin = torch.rand(n, generator=self.coins).to(home)
-        self.author = torch.where(coin < self.p, SENIOR, JUNIOR)  # [n]
-        self.onset = torch.zeros(n, dtype=torch.bool, device=home)  # [n] must start a word
+        senior = self.models[SENIOR]
+        coins = torch.rand(n, generator=self.coins).to(home)
+        # the loop writes into the state row by row: its own copy
+        state = senior.sampler.start(senior.context, coins).state
+        self.state = {k: v.clone() for k, v in state.items()}
+        # the first author's memory of the last token, in its own ids
+        self._reexpress(self.author == JUNIOR, self.models[JUNIOR])
+        self.redraw = torch.zeros(n, dtype=torch.bool, device=home)  # [n] from sampler.allowed
         self.live = torch.ones(n, dtype=torch.bool, device=home)  # [n]
         self._loop()
-        return self._finish(senior_prompt, junior_prompt, g)
 
     def _loop(self) -> None:
         """Step until every row has finished and both models have read all of it."""
@@ -424,9 +290,9 @@ class _CrossLoop:
             self._turn(self.models[code])
 
     def _turn(self, m: _Model) -> None:
-        """``m`` reads the rows it writes, proposes a token in each, coins settle onsets, and
-        completed words pass to the other model."""
-        n, home = self.rows.shape[0], self.home
+        """``m`` reads the rows it writes, draws a token in each, and its schedule says whether
+        the token is kept and who writes next; text passes to the other model where it must."""
+        home = self.home
         # drawn for every rollout row, dropped or not, so that a row's stream is its own
         uniforms = torch.rand(self.total, generator=self.generator).to(home)[self.rows]
         coins = torch.rand(self.total, generator=self.coins).to(home)[self.rows]
@@ -436,39 +302,55 @@ class _CrossLoop:
         rows = ready.nonzero().squeeze(1)  # [r]
         if rows.numel() == 0:
             return
-        token = torch.full((n,), -1, dtype=torch.long, device=home)
-        token[rows] = self._draw(m, rows, uniforms[rows])
-        spaced = ready & m.spaced[token.clamp(min=0)]
-        winner = torch.where(coins < self.p, SENIOR, JUNIOR)  # [n]
-        switch = spaced & ~self.onset & (winner != m.code)
-        # the author's words so far are complete at a proposed onset, kept or withdrawn
-        self._pass_words(spaced.nonzero().squeeze(1))
-        self.author = torch.where(switch, winner, self.author)
-        self.onset = torch.where(ready, switch, self.onset)
-        changed = switch.nonzero().squeeze(1)
-        if changed.numel():
+        state = {k: v[rows] for k, v in self.state.items()}
+        token = self._draw(m, rows, uniforms[rows], state)  # [r]
+        handoff = m.sampler.step(state, token, coins[rows])
+        retract = handoff.retract
+        retract = torch.zeros_like(token, dtype=torch.bool) if retract is None else retract
+        # the text before a space-led proposal is whole words; a retraction hands the pen over
+        self._pass_words(rows[m.spaced[token] | retract], m)
+        done = handoff.done
+        kept = ~retract
+        self._emit(m, rows[kept], token[kept], None if done is None else done[kept])
+        for k, v in handoff.state.items():
+            self.state[k][rows] = v
+        self.redraw[rows] = retract
+        # the rows whose pen passes: after the kept token, or instead of the retracted one
+        passes = rows[self.live[rows] & (handoff.author != m.code)]
+        if passes.numel():
+            self._pass_words(passes, m)
+            other = self.models[1 - m.code]
+            self._reexpress(passes, other)
             # the new author's turn begins after the words it has just been given
-            full = self.rows[changed]
-            mine = torch.where(
-                winner[changed] == SENIOR, self.length[SENIOR][full], self.length[JUNIOR][full]
-            )
-            self.sync[full] = mine
-        self._emit(token, ready & ~switch)
+            full = self.rows[passes]
+            self.sync[full] = self.length[other.code][full]
 
-    def _draw(self, m: _Model, rows: Tensor, uniforms: Tensor) -> Tensor:
-        """``[r]`` tokens from ``m`` for batch ``rows``; rows that must begin a word draw only
-        ``m``'s space-led tokens."""
+    def _reexpress(self, rows: Tensor, m: _Model) -> None:
+        """The schedule's token ids of batch ``rows`` (``[r]`` indices or ``[n]`` bool) in
+        ``m``'s vocabulary: its own last token of each row's text."""
+        full = self.rows[rows]
+        length = self.length[m.code][full]
+        last = self.out[m.code]["tokens"][full, (length - 1).clamp(min=0)]
+        last = torch.where(length > 0, last, m.context[full])
+        for key in m.sampler.token_state:
+            if key in self.state:
+                self.state[key][rows] = last
+
+    def _draw(self, m: _Model, rows: Tensor, uniforms: Tensor, state: State) -> Tensor:
+        """``[r]`` tokens from ``m`` for batch ``rows``; rows redrawing a retracted position
+        draw from what ``m``'s schedule allows there."""
         dev = m.reader.device
         s = score(self.last[m.code][rows].to(dev), self.params)
-        restricted = self.onset[rows]  # [r]
+        restricted = self.redraw[rows]  # [r]
         token = torch.empty(rows.shape[0], dtype=torch.long, device=dev)
-        free = (~restricted).nonzero().squeeze(1).to(dev)
+        free = (~restricted).nonzero().squeeze(1)
         if free.numel():
-            token[free] = draw(s, free, uniforms[free].to(dev), self.params)
-        onset = restricted.nonzero().squeeze(1).to(dev)
-        if onset.numel():
-            allowed = m.spaced[None].expand(onset.numel(), -1)
-            token[onset] = draw(s, onset, uniforms[onset].to(dev), self.params, allowed)
+            token[free.to(dev)] = draw(s, free.to(dev), uniforms[free].to(dev), self.params)
+        again = restricted.nonzero().squeeze(1)
+        if again.numel():
+            allowed = m.sampler.allowed({k: v[again] for k, v in state.items()})  # [q, V]
+            picked = draw(s, again.to(dev), uniforms[again].to(dev), self.params, allowed.to(dev))
+            token[again.to(dev)] = picked
         return token.to(self.home)
 
     def _read(self, m: _Model) -> None:
@@ -514,50 +396,37 @@ class _CrossLoop:
             tempered = (logits / t).log_softmax(-1)[index]
             seq["old"][full, cols] = tempered.gather(1, picked[:, None]).squeeze(1)
 
-    def _pass_words(self, batch_rows: Tensor, eos: list[bool] | None = None) -> None:
-        """Give the other model each row's current author's words since ``sync`` (complete
-        words, or the row's end) in its own tokens, appended to its sequence for it to read.
+    def _pass_words(self, batch_rows: Tensor, writer: _Model, eos: Tensor | None = None) -> None:
+        """Give the other model ``writer``'s text of batch ``batch_rows`` since ``sync``, in its
+        own tokens, appended to its sequence for it to read.
 
-        ``eos``: per row, whether its text ends with the writer's EOS, which becomes the
+        ``eos``: ``[r]`` bool, the rows whose text ends with the writer's EOS, which becomes the
         reader's own.
         """
         if batch_rows.numel() == 0:
             return
-        full = self.rows[batch_rows].tolist()
-        authors = self.author[batch_rows].tolist()
-        ends = eos or [False] * len(full)
-        for writer in self.models:
-            picked = [i for i, a in enumerate(authors) if a == writer.code]
-            if not picked:
-                continue
-            reader = self.models[1 - writer.code]
-            rows = [full[i] for i in picked]
-            spans = zip(
-                self.sync[rows].tolist(), self.length[writer.code][rows].tolist(), strict=True
-            )
-            ids = self.out[writer.code]["tokens"][rows].tolist()
-            chunks = [tuple(row_ids[a:b]) for row_ids, (a, b) in zip(ids, spans, strict=True)]
-            encoded = self._translate(writer, reader, chunks)
-            if any(ends[i] for i in picked) and reader.eos.numel():
-                eos_id = int(reader.eos[0])
-                encoded = [
-                    [*x, eos_id] if ends[i] else x for i, x in zip(picked, encoded, strict=True)
-                ]
-            at = torch.tensor(rows, device=self.home)
-            self._append(reader.code, at, encoded, writer.code)
-            self.sync[at] = self.length[writer.code][at]
-            if reader.code == SENIOR:
-                self.unread[at] = 0
+        reader = self.models[1 - writer.code]
+        rows = self.rows[batch_rows]  # [r] rollout rows
+        ends = self.length[writer.code][rows]  # [r]
+        spans = zip(self.sync[rows].tolist(), ends.tolist(), strict=True)
+        ids = self.out[writer.code]["tokens"][rows, : int(ends.max())].tolist()
+        chunks = [tuple(row[a:b]) for row, (a, b) in zip(ids, spans, strict=True)]
+        encoded = self._translate(writer, reader, chunks)
+        if eos is not None and reader.eos.numel() and bool(eos.any()):
+            eos_id = int(reader.eos[0])
+            encoded = [[*x, eos_id] if e else x for x, e in zip(encoded, eos.tolist(), strict=True)]
+        self._append(reader.code, rows, encoded, writer.code)
+        self.sync[rows] = ends
+        if reader.code == SENIOR:
+            self.unread[rows] = 0
 
     def _translate(self, writer: _Model, reader: _Model, chunks: list[tuple[int, ...]]) -> list:
-        """``reader``'s tokens of each of ``writer``'s token ``chunks`` (decoded, special tokens
-        skipped, and encoded again). A batch's words repeat, so each chunk is translated once
-        per call."""
+        """``reader``'s tokens of the bytes each of ``writer``'s token ``chunks`` spells. A
+        batch's words repeat, so each chunk is translated once per call."""
         known = self._translations[writer.code]
         new = list({c for c in chunks if c not in known})
         if new:
-            texts = writer.tokenizer.batch_decode([list(c) for c in new], skip_special_tokens=True)
-            encoded = reader.tokenizer(texts, add_special_tokens=False)["input_ids"]
+            encoded = reader.vocab.encode([writer.vocab.spelt(c) for c in new])
             known.update(zip(new, encoded, strict=True))
         return [known[c] for c in chunks]
 
@@ -581,26 +450,26 @@ class _CrossLoop:
         seq["authors"][r, c] = author
         self.length[code][rows] = start + sizes
 
-    def _emit(self, token: Tensor, emit: Tensor) -> None:
-        """Append each emitting row's token to its author's sequence; stop rows that end."""
-        for m in self.models:
-            rows = (emit & (self.author == m.code)).nonzero().squeeze(1)  # [r] batch rows
-            if rows.numel() == 0:
-                continue
-            tok = token[rows]  # [r]
-            full = self.rows[rows]  # [r] rollout rows
-            at = self.length[m.code][full]  # [r]
-            self._ensure(m.code, int(at.max()) + 1)
-            seq = self.out[m.code]
-            seq["tokens"][full, at] = tok
-            seq["authors"][full, at] = m.code
-            self.length[m.code][full] = at + 1
-            if m.code == JUNIOR:
-                self.unread[full] += m.bound[tok].to(self.home)
-            ended = torch.isin(tok, m.eos)  # [r]
-            stop = ended | (self.length[SENIOR][full] + self.unread[full] >= self.budget[full])
-            if bool(stop.any()):
-                self._stop(m, rows[stop], at[stop], tok[stop], ended[stop])
+    def _emit(self, m: _Model, rows: Tensor, tok: Tensor, done: Tensor | None) -> None:
+        """Append ``tok [r]`` to ``m``'s sequence of batch ``rows``; stop the rows that end
+        (``done``: where the schedule ends them)."""
+        if rows.numel() == 0:
+            return
+        full = self.rows[rows]  # [r] rollout rows
+        at = self.length[m.code][full]  # [r]
+        self._ensure(m.code, int(at.max()) + 1)
+        seq = self.out[m.code]
+        seq["tokens"][full, at] = tok
+        seq["authors"][full, at] = m.code
+        self.length[m.code][full] = at + 1
+        if m.code == JUNIOR:
+            self.unread[full] += m.nbytes[tok]
+        ended = torch.isin(tok, m.eos)  # [r]
+        stop = ended | (self.length[SENIOR][full] + self.unread[full] >= self.budget[full])
+        if done is not None:
+            stop |= done
+        if bool(stop.any()):
+            self._stop(m, rows[stop], at[stop], tok[stop], ended[stop])
 
     def _stop(self, m: _Model, rows: Tensor, at: Tensor, tok: Tensor, ended: Tensor) -> None:
         """Batch ``rows`` end with ``tok`` (at ``at``), by ``m``: the other model gets their
@@ -615,7 +484,7 @@ class _CrossLoop:
         if t is not None:
             seq["old"][full, at] = (logits / t).log_softmax(-1).gather(1, picked).squeeze(1)
         self.read[m.code][full] = at + 1
-        self._pass_words(rows, eos=ended.tolist())
+        self._pass_words(rows, m, eos=ended)
         self.live[rows] = False
 
     # -- bookkeeping ---------------------------------------------------------------------------
@@ -654,51 +523,43 @@ class _CrossLoop:
         for m in self.models:
             m.reader.select(keep)
             self.last[m.code] = self.last[m.code][keep]
-        self.rows, self.live = self.rows[keep], self.live[keep]
-        self.author, self.onset = self.author[keep], self.onset[keep]
+        self.rows, self.live, self.redraw = self.rows[keep], self.live[keep], self.redraw[keep]
+        self.state = {k: v[keep] for k, v in self.state.items()}
 
-    def _finish(
-        self, senior_prompt: tuple[Tensor, Tensor], junior_prompt: tuple[Tensor, Tensor], g: int
-    ) -> CrossRollouts:
+    def fields(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """What ``CrossRollouts`` and its junior ``Sequences`` are made of (views of the buffers,
+        each trimmed to its longest row)."""
         senior, junior = self.models[SENIOR], self.models[JUNIOR]
-        home = self.home
-        t_s = max(1, int(self.length[SENIOR].max()))
-        seq = self.out[SENIOR]
-        lengths = self.length[SENIOR]
-        rows = [r[:k].tolist() for r, k in zip(seq["tokens"], lengths, strict=True)]
-        ids, mask = senior_prompt
+        g, home = self.params.samples_per_prompt, self.home
+        s, lengths = self._trimmed(SENIOR), self.length[SENIOR]
         tempered = self.params.logprob_temperature is not None
-        return CrossRollouts(
-            tokens=seq["tokens"][:, :t_s].clone(),
-            authors=seq["authors"][:, :t_s].clone(),
-            senior_logprobs=seq["logprobs"][:, :t_s].clone(),
-            junior_logprobs=None,
-            lengths=lengths.clone(),
-            stop_reasons=self.stop_reasons.clone(),
-            prompt_tokens=ids.repeat_interleave(g, dim=0).to(home),
-            prompt_lengths=mask.sum(1).repeat_interleave(g).to(home),
-            prompt_index=torch.arange(ids.shape[0], device=home).repeat_interleave(g),
-            pad_token_id=senior.pad,
-            texts=senior.tokenizer.batch_decode(rows, skip_special_tokens=True),
-            old_logprobs=seq["old"][:, :t_s].clone() if tempered else None,
-            ref_logprobs=None,
-            junior=self._sequences(junior, junior_prompt, g),
-        )
+        rollouts = {
+            "tokens": s["tokens"],
+            "authors": s["authors"],
+            "senior_logprobs": s["logprobs"],
+            "junior_logprobs": None,
+            "lengths": lengths,
+            "stop_reasons": self.stop_reasons,
+            **senior.prompts.rows(g, home),
+            "pad_token_id": senior.pad,
+            "texts": decoded(senior.tokenizer, s["tokens"], lengths),
+            "old_logprobs": s["old"] if tempered else None,
+            "ref_logprobs": None,
+        }
+        j, own = self._trimmed(JUNIOR), junior.prompts.rows(g, home)
+        juniors = {
+            "tokens": j["tokens"],
+            "authors": j["authors"],
+            "logprobs": j["logprobs"],
+            "lengths": self.length[JUNIOR],
+            "prompt_tokens": own["prompt_tokens"],
+            "prompt_lengths": own["prompt_lengths"],
+            "texts": decoded(junior.tokenizer, j["tokens"], self.length[JUNIOR]),
+            "byte_lengths": junior.nbytes[j["tokens"]] * (j["authors"] != PAD),
+        }
+        return rollouts, juniors
 
-    def _sequences(self, m: _Model, prompt: tuple[Tensor, Tensor], g: int) -> Sequences:
-        seq, lengths = self.out[m.code], self.length[m.code]
-        t = max(1, int(lengths.max()))
-        tokens = seq["tokens"][:, :t].clone()
-        rows = [r[:k].tolist() for r, k in zip(tokens, lengths, strict=True)]
-        real = seq["authors"][:, :t] != PAD
-        ids, mask = prompt
-        return Sequences(
-            tokens=tokens,
-            authors=seq["authors"][:, :t].clone(),
-            logprobs=seq["logprobs"][:, :t].clone(),
-            lengths=lengths.clone(),
-            prompt_tokens=ids.repeat_interleave(g, dim=0).to(self.home),
-            prompt_lengths=mask.sum(1).repeat_interleave(g).to(self.home),
-            texts=m.tokenizer.batch_decode(rows, skip_special_tokens=True),
-            byte_lengths=m.nbytes.to(self.home)[tokens] * real,
-        )
+    def _trimmed(self, code: int) -> dict[str, Tensor]:
+        """Model ``code``'s buffers up to its longest row (at least one column)."""
+        t = max(1, int(self.length[code].max()))
+        return {k: v[:, :t] for k, v in self.out[code].items()}

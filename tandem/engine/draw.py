@@ -21,7 +21,7 @@ token is emitted is then a gather, and drawing a token reuses the same work:
 Inverse-CDF draws are exact up to float32 rounding of the (block) cumulative sums: a token's
 probability is off by at most about one float32 ulp of its block's mass.
 
-What this file leaves out: who draws (the samplers) and the loop (``tandem.engine.generate``).
+What this file leaves out: who draws (the samplers) and the loop (``tandem.engine.loop``).
 """
 
 from __future__ import annotations

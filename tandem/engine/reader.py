@@ -24,7 +24,7 @@ collective) is read with as many prefill forwards on every process: a process wh
 fill fewer chunks than another's makes ``idle`` forwards, whose output is dropped.
 
 What this file leaves out: sampling (``tandem.engine.draw``) and the loop
-(``tandem.engine.generate``).
+(``tandem.engine.loop``).
 """
 
 from __future__ import annotations

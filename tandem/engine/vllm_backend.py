@@ -45,6 +45,7 @@ from tandem.assets import resolve
 from tandem.engine.backend import Weights
 from tandem.engine.base import JUNIOR, PAD, SENIOR, Rollouts, SamplingParams, StopReason
 from tandem.engine.draw import coin_generator
+from tandem.engine.layout import Prompts, decoded, eos_ids, finish, pad_id, padded
 from tandem.registry import BACKENDS
 from tandem.samplers.base import Sampler, State
 
@@ -236,7 +237,7 @@ class VLLMBackend:
         same = self.paths[1] == self.paths[0]
         self.junior = self.senior if same else self._engine(self.paths[1]) if junior else None
         self.vocab = self.senior.llm_engine.model_config.get_vocab_size()
-        self.eos = _eos_ids(self.paths[0])
+        self.configs = _configs(self.paths[0])  # where the senior names its EOS ids
 
     @classmethod
     def from_models(cls, senior: Any, junior: Any | None, tokenizer: Any, **options: Any):
@@ -300,9 +301,15 @@ class VLLMBackend:
                 f"{sampler!r} needs the junior, but this backend was built without one. "
                 "Pass junior=<its folder>, or use the solo sampler."
             )
-        eos = params.eos_token_ids if params.eos_token_ids is not None else self.eos
+        eos = eos_ids(params.eos_token_ids, self.configs)
         g = params.samples_per_prompt
-        rows = [_Row(list(map(int, p)), len(p)) for p in _token_lists(prompts) for _ in range(g)]
+        batch = Prompts.of(prompts, pad_id(eos, (self.tokenizer,)))
+        width = batch.ids.shape[1]
+        rows = [
+            _Row(ids[width - k :].tolist(), k)
+            for ids, k in zip(batch.ids, batch.lengths.tolist(), strict=True)
+            for _ in range(g)
+        ]
         log.info(
             "vllm: %d rows, senior weights of step %d%s",
             len(rows),
@@ -315,7 +322,7 @@ class VLLMBackend:
             self._tandem(rows, sampler, params, eos)
         junior_lps = self._forced(self.junior, rows, JUNIOR) if reads else None
         senior_lps = self._forced(self.senior, rows, SENIOR) if not solo else None
-        return self._rollouts(rows, len(rows) // g, g, eos, senior_lps, junior_lps)
+        return self._rollouts(rows, batch, g, eos, senior_lps, junior_lps)
 
     def _request(
         self, row: _Row, index: int, params: SamplingParams, eos, key=None, stop=None
@@ -424,51 +431,28 @@ class VLLMBackend:
                         out[i][t] = forced[row.prompt_length + t][token].logprob
         return out
 
-    def _rollouts(self, rows, b, g, eos, senior_lps, junior_lps) -> Rollouts:
-        n, t = len(rows), max(len(r.tokens) for r in rows)
-        pad = self.tokenizer.pad_token_id
-        pad = int(pad) if pad is not None else (eos[0] if eos else 0)
-        tokens = torch.full((n, t), pad, dtype=torch.long)  # [N, T]
-        authors = torch.full((n, t), PAD, dtype=torch.long)  # [N, T]
-        lps = {k: torch.zeros(n, t) for k in ("senior", "junior")}  # [N, T] each
-        for i, r in enumerate(rows):
-            k = len(r.tokens)
-            tokens[i, :k] = torch.tensor(r.tokens)
-            authors[i, :k] = torch.tensor(r.authors)
-            lps["senior"][i, :k] = torch.tensor(r.logprobs if senior_lps is None else senior_lps[i])
-            if junior_lps is not None:
-                lps["junior"][i, :k] = torch.tensor(junior_lps[i])
-        width = max(r.prompt_length for r in rows)
-        prompt_tokens = torch.full((n, width), pad, dtype=torch.long)  # [N, P]
-        for i, r in enumerate(rows):
-            prompt_tokens[i, width - r.prompt_length :] = torch.tensor(r.context[: r.prompt_length])
+    def _rollouts(self, rows, batch: Prompts, g: int, eos, senior_lps, junior_lps) -> Rollouts:
+        pad = pad_id(eos, (self.tokenizer,))
+        tokens = padded([r.tokens for r in rows], pad, torch.long)  # [N, T]
         lengths = torch.tensor([len(r.tokens) for r in rows])  # [N]
-        texts = self.tokenizer.batch_decode([r.tokens for r in rows], skip_special_tokens=True)
-        return Rollouts(
+        senior = [r.logprobs for r in rows] if senior_lps is None else senior_lps
+        return finish(
+            Rollouts,
             tokens=tokens,
-            authors=authors,
-            senior_logprobs=lps["senior"],
-            junior_logprobs=lps["junior"] if junior_lps is not None else None,
+            authors=padded([r.authors for r in rows], PAD, torch.long),  # [N, T]
+            senior_logprobs=padded(senior, 0.0, torch.float32),  # [N, T]
+            junior_logprobs=None if junior_lps is None else padded(junior_lps, 0.0, torch.float32),
             lengths=lengths,
             stop_reasons=torch.tensor([int(r.stop) for r in rows]),
-            prompt_tokens=prompt_tokens,
-            prompt_lengths=torch.tensor([r.prompt_length for r in rows]),
-            prompt_index=torch.arange(b).repeat_interleave(g),
+            **batch.rows(g),
             pad_token_id=pad,
-            texts=texts,
+            texts=decoded(self.tokenizer, tokens, lengths),
         )
 
 
 def _sampled(out: Any) -> list[float]:
     """The raw log-prob of each sampled token of a completion."""
     return [d[t].logprob for t, d in zip(out.token_ids, out.logprobs, strict=True)]
-
-
-def _token_lists(prompts: Sequence[Sequence[int]] | Sequence[Tensor]) -> list[list[int]]:
-    lists = [torch.as_tensor(p).flatten().tolist() for p in prompts]
-    if not lists or any(len(p) == 0 for p in lists):
-        raise ValueError("prompts must be a non-empty list of non-empty token id sequences.")
-    return lists
 
 
 def _mix(seed: int, row: int, request: int) -> int:
@@ -486,19 +470,15 @@ def _tokenizer(path: str) -> Any:
     return tokenizer
 
 
-def _eos_ids(path: str) -> tuple[int, ...]:
-    """The EOS ids a model folder names (generation config first, as the torch engine)."""
+def _configs(path: str) -> list[Any]:
+    """A model folder's generation config (where it has one) and config: where it names its
+    EOS ids, read in that order as the torch engine reads them."""
     from transformers import AutoConfig, GenerationConfig
 
     sources = []
     if Path(path, "generation_config.json").is_file():
         sources.append(GenerationConfig.from_pretrained(path))
-    sources.append(AutoConfig.from_pretrained(path))
-    for source in sources:
-        eos = getattr(source, "eos_token_id", None)
-        if eos is not None:
-            return (eos,) if isinstance(eos, int) else tuple(eos)
-    return ()
+    return [*sources, AutoConfig.from_pretrained(path)]
 
 
 def full_tensor(t: Tensor) -> Tensor:

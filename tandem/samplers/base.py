@@ -17,7 +17,10 @@ rows whose proposal began a word that another author won: the token is withdrawn
 author writes that position again, drawn from the tokens ``allowed(state)`` lists (the word
 onsets), after which ``step`` is called again with the redrawn token.
 
-Samplers know boundaries (through :mod:`tandem.samplers.boundaries`); the engines do not.
+Samplers know boundaries (through :mod:`tandem.samplers.boundaries`); the engines do not. A junior
+of another vocabulary (``tandem.engine.cross``) runs the same rule on its own ids: the engine
+steps ``with_tables(its tables)``, a copy of the sampler, over the junior's tokens, and at a
+change of pen gives the state's token ids (``token_state``) in the new author's vocabulary.
 
 What this file leaves out: the schedules themselves (one file each) and token sampling (the
 engine's).
@@ -25,6 +28,7 @@ engine's).
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -77,6 +81,9 @@ class Sampler:
     solo: ClassVar[bool] = False
     #: True when the sampler needs boundary tables.
     needs_tables: ClassVar[bool] = True
+    #: State keys holding token ids (the last token written): a writer of another vocabulary
+    #: gets them as its own ids of the same text. A rule keeping other ids names them here.
+    token_state: ClassVar[tuple[str, ...]] = ("prev",)
 
     def __init__(
         self, tokenizer: Any = None, *, p: float = 0.5, vocab_size: int | None = None
@@ -101,6 +108,15 @@ class Sampler:
         generation: ``step`` reads ``self.bound`` on the tokens' device."""
         if self.tables is not None:
             self.bound = self.tables.padded(vocab_size).to(device)
+
+    def with_tables(self, tables: BoundaryTables) -> Sampler:
+        """This rule over another vocabulary: a copy reading ``tables`` (that vocabulary's).
+        A sampler that needs no tables is returned as it is."""
+        if self.tables is None:
+            return self
+        twin = copy.copy(self)
+        twin.tables = twin.bound = tables
+        return twin
 
     def start(self, context: Tensor, coins: Tensor) -> Handoff:
         """The first token's author.

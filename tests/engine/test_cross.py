@@ -10,24 +10,28 @@ pairs that cannot share words are refused with a message that says why.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from cross_tokenizers import trailing_space_tokenizer
+from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tandem.assets import TINY_BPE_SMALL
 from tandem.data.arithmetic import make_splits
 from tandem.engine import JUNIOR, PAD, SENIOR, SamplingParams, StopReason, generate
-from tandem.engine.cross import (
-    CrossRollouts,
-    _BlockReader,
-    generate_cross,
-    split_problem,
-)
+from tandem.engine.block import BlockReader
+from tandem.engine.cross import CrossRollouts, generate_cross, split_problem
+from tandem.engine.layout import Prompts
 from tandem.engine.packed import PackedReader, packable
 from tandem.engine.reader import Reader
+from tandem.engine.vocabulary import vocabulary
 from tandem.modules.logprobs import sequence_logprobs
-from tandem.samplers import TokenSampler, WordSampler
+from tandem.registry import SAMPLERS
+from tandem.samplers import WordSampler
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +44,8 @@ def small_junior():
     return AutoModelForCausalLM.from_pretrained(TINY_BPE_SMALL, dtype=torch.float32).eval()
 
 
-def cowrite(senior, small_junior, prompts, tokenizer, junior_tokenizer, p=0.5, **kw):
+def cowrite(senior, small_junior, prompts, tokenizer, junior_tokenizer, p=0.5, sampler=None, **kw):
+    """Rollouts of the pair; the sampler is by default the word schedule at space-led onsets."""
     params = SamplingParams(
         max_new_tokens=kw.pop("max_new_tokens", 96),
         seed=kw.pop("seed", 3),
@@ -52,7 +57,7 @@ def cowrite(senior, small_junior, prompts, tokenizer, junior_tokenizer, p=0.5, *
         senior,
         small_junior,
         prompts,
-        p,
+        sampler or WordSampler(tokenizer, p=p, boundary="leading_space"),
         params,
         tokenizer=tokenizer,
         junior_tokenizer=junior_tokenizer,
@@ -163,30 +168,121 @@ def test_words_change_hands_as_the_coin_says(
     assert abs(rate - 2 * p * (1 - p)) < 0.1, (rate, p)
 
 
-def test_generate_dispatches_a_cross_pair_and_refuses_other_samplers(
-    senior, small_junior, prompts, tokenizer, junior_tokenizer
+def _stream(out: CrossRollouts, row: int) -> list[tuple[int, int]]:
+    """Row ``row`` as it was written: ``(author, token)`` pairs, each token in its writer's own
+    vocabulary (the senior's runs from its sequence, the junior's from the junior's)."""
+    runs = []
+    for seq in (out, out.junior):
+        k = int(seq.lengths[row])
+        tokens, authors = seq.tokens[row, :k].tolist(), seq.authors[row, :k].tolist()
+        mine: list[list[tuple[int, int]]] = []
+        for a, t in zip(authors, tokens, strict=True):
+            if not mine or mine[-1][0][0] != a:
+                mine.append([])
+            mine[-1].append((a, t))
+        runs.append(mine)
+    senior_runs, junior_runs = runs
+    assert [r[0][0] for r in senior_runs] == [r[0][0] for r in junior_runs], "same turns"
+    return [
+        pair
+        for s_run, j_run in zip(senior_runs, junior_runs, strict=True)
+        for pair in (s_run if s_run[0][0] == SENIOR else j_run)
+    ]
+
+
+@pytest.mark.parametrize("max_gap_tokens", [32, 3])
+def test_word_authors_changes_author_only_where_the_after_boundary_rule_draws_a_coin(
+    max_gap_tokens, senior, small_junior, prompts, tokenizer, junior_tokenizer
 ) -> None:
-    params = SamplingParams(max_new_tokens=8, seed=0)
+    """The authors' schedule (``conf/sampler/word_authors.yaml``) with a junior of another
+    vocabulary: replayed token by token over what each model wrote, in its own ids, the rule
+    draws a coin after every space-led token and after ``max_gap_tokens`` without one; the
+    author changes at no other place, and at about half of those (p = 0.5)."""
+    spec = OmegaConf.to_container(OmegaConf.load(CONF / "sampler" / "word_authors.yaml"))
+    spec["max_gap_tokens"] = max_gap_tokens
+    sampler = SAMPLERS.build(spec.pop("name"), tokenizer=tokenizer, **spec)
+    assert sampler.rule == "after_boundary" and sampler.boundary == "leading_space"
+    out = cowrite(
+        senior, small_junior, prompts, tokenizer, junior_tokenizer, sampler=sampler, samples=4
+    )
+    spaced = {
+        code: vocabulary(tok).tables.leading_space
+        for code, tok in ((SENIOR, tokenizer), (JUNIOR, junior_tokenizer))
+    }
+    coins = changes = inside_words = 0
+    for row in range(out.num_rows):
+        stream = _stream(out, row)
+        since, coin_after = 0, []
+        for author, token in stream:  # the scalar rule: a coin after a boundary, or a long gap
+            since = 1 if not coin_after or coin_after[-1] else since + 1
+            coin_after.append(bool(spaced[author][token]) or since >= max_gap_tokens)
+        for t in range(1, len(stream)):
+            if stream[t][0] != stream[t - 1][0]:
+                assert coin_after[t - 1], (row, t, "the author changed where no coin fell")
+                changes += 1
+                inside_words += not bool(spaced[stream[t][0]][stream[t][1]])
+        coins += sum(coin_after[:-1])
+    assert coins > 200
+    assert abs(changes / coins - 0.5) < 0.1, (changes, coins)
+    assert inside_words > 0, "the new author takes over one token into the word"
+    # the two sequences still spell one text, cut wherever the schedule passed the pen
+    assert out.texts == out.junior.texts
+
+
+@pytest.mark.parametrize(
+    "name, options",
+    [
+        ("word", {}),
+        ("token", {}),
+        ("sentence", {"first": "junior"}),
+        ("step", {"alternate": False, "max_rounds": 2}),
+        ("solo", {}),
+    ],
+)
+def test_every_sampler_writes_across_vocabularies(
+    name, options, senior, small_junior, prompts, tokenizer, junior_tokenizer
+) -> None:
+    """``generate`` hands a cross pair to the cross engine, which steps whatever sampler it is
+    given: each sequence spells the shared text, and the authors are the schedule's."""
+    sampler = SAMPLERS.build(name, tokenizer=tokenizer, **options)
+    params = SamplingParams(max_new_tokens=40, seed=5, samples_per_prompt=2)
     out = generate(
         senior,
         small_junior,
-        prompts[:2],
-        WordSampler(tokenizer),
+        prompts,
+        sampler,
         params,
         tokenizer=tokenizer,
         junior_tokenizer=junior_tokenizer,
     )
-    assert isinstance(out, CrossRollouts) and out.junior is not None
-    with pytest.raises(ValueError, match="word sampler only"):
-        generate(
-            senior,
-            small_junior,
-            prompts[:2],
-            TokenSampler(tokenizer),
-            params,
-            tokenizer=tokenizer,
-            junior_tokenizer=junior_tokenizer,
-        )
+    assert isinstance(out, CrossRollouts) and out.texts == out.junior.texts
+    for i in range(out.num_rows):
+        jids = out.junior.tokens[i, : out.junior.lengths[i]].tolist()
+        assert junior_tokenizer.decode(jids, skip_special_tokens=True) == out.texts[i]
+    senior_share = out.senior_share
+    if name == "solo":
+        assert bool((senior_share == 1).all())
+    else:
+        assert bool((senior_share < 1).any()), "the junior wrote"
+    if name == "token":  # a coin at every token: the pen changes inside words too
+        changes = (out.authors[:, 1:] != out.authors[:, :-1]) & out.mask[:, 1:]
+        assert int(changes.sum()) > 0.3 * int(out.mask[:, 1:].sum())
+    if name == "sentence":
+        assert bool((out.authors[:, 0] == JUNIOR).all()), "the junior writes the first sentence"
+
+
+def test_a_character_cut_by_the_pen_passes_byte_for_byte(tokenizer, junior_tokenizer) -> None:
+    """A change of pen may fall inside a character: each piece reaches the other model as its
+    own bytes, and the two pieces decode to the character again."""
+    text = "caf\u00e9 = 3 \u2192 \u2211"
+    data = text.encode()
+    cut = data.index(b"\xa9")  # between the two bytes of the e-acute
+    for tok in (tokenizer, junior_tokenizer):
+        vocab = vocabulary(tok)
+        first, rest = vocab.encode([data[:cut], data[cut:]])
+        assert vocab.byte_ids[data[cut - 1]] == first[-1]
+        assert vocab.spelt(first + rest) == data
+        assert tok.decode(first + rest) == text
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
@@ -196,7 +292,7 @@ def test_a_block_read_equals_reading_token_by_token(senior, prompts, attention) 
     mask = torch.ones_like(ids)
     block = torch.tensor([[5, 6, 7], [8, 0, 0], [0, 0, 0]])
     valid = torch.tensor([[True, True, True], [True, False, False], [False, False, False]])
-    one, steps = _BlockReader(model), _BlockReader(model)
+    one, steps = BlockReader(model), BlockReader(model)
     nine = torch.tensor([[9], [9], [9]])
     with torch.inference_mode():
         one.prefill(ids, mask, 1, 8)
@@ -209,7 +305,7 @@ def test_a_block_read_equals_reading_token_by_token(senior, prompts, attention) 
             assert torch.allclose(got[rows, k], want[rows], atol=1e-4)
         # what each row would give had it read only its valid tokens, then the 9
         for row in range(3):
-            alone = _BlockReader(model)
+            alone = BlockReader(model)
             alone.prefill(ids[:1], mask[:1], 1, 8)
             for token in block[row][valid[row]].tolist():
                 alone.step(torch.tensor([token]), torch.ones(1, dtype=torch.bool))
@@ -222,7 +318,8 @@ def test_a_packed_read_equals_reading_token_by_token(senior, prompts, reading) -
     """Rows read different numbers of tokens (none, one, a catch-up) in one packed forward: each
     token's logits, and what every row reads next, equal reading its tokens one by one."""
     n = 6
-    ids, mask = _left_padded(prompts[:n])
+    batch = Prompts.of(prompts[:n], 0)
+    ids, mask = batch.ids, batch.mask
     reads = {
         "most rows": [[5, 6, 7], [8], [], [9, 10], [11], [12]],
         "few rows": [[5, 6, 7], [], [], [], [], [8]],
@@ -249,13 +346,6 @@ def test_a_packed_read_equals_reading_token_by_token(senior, prompts, reading) -
             want = alone[i].step(torch.tensor([13]), torch.ones(1, dtype=torch.bool))[0]
             assert torch.allclose(after[i], want, atol=1e-4), "each row's cache holds what it read"
     assert senior.config._attn_implementation == "sdpa", "the model's attention is put back"
-
-
-def _left_padded(prompts):
-    width = max(len(p) for p in prompts)
-    ids = torch.tensor([[0] * (width - len(p)) + list(p) for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    return ids, mask
 
 
 def test_models_read_in_blocks_give_the_same_rollouts_as_packed_ones(

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 from tandem.assets import TINY_WORLD
 from tandem.engine import SamplingParams, generate
 from tandem.engine import reader as reader_module
-from tandem.engine.generate import _left_pad
+from tandem.engine.layout import Prompts
 from tandem.engine.reader import Reader
 from tandem.samplers import WordSampler
 
@@ -20,7 +20,8 @@ from tandem.samplers import WordSampler
 def read(model, prompts, repeats: int, steps: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Prefill logits and the logits of ``steps`` steps that feed fixed tokens, one row of the
     batch finishing after the first step."""
-    ids, mask = _left_pad(prompts, 0)
+    batch = Prompts.of(prompts, 0)
+    ids, mask = batch.ids, batch.mask
     r = Reader(model)
     with torch.inference_mode():
         first = r.prefill(ids, mask, repeats, steps)
@@ -40,7 +41,7 @@ def test_chunked_prefill_matches_one_piece(senior, prompts, monkeypatch):
     monkeypatch.setitem(reader_module._PREFILL_TOKENS, "cpu", 10**9)
     whole = read(senior, prompts, repeats=2, steps=4)
     monkeypatch.setitem(reader_module._PREFILL_TOKENS, "cpu", budget)
-    chunks = Reader(senior)._chunks(_left_pad(prompts, 0)[1].sum(1))
+    chunks = Reader(senior)._chunks(Prompts.of(prompts, 0).lengths)
     assert len(chunks) >= 3 and len({w for _, w in chunks}) > 1
     assert sorted(torch.cat([i for i, _ in chunks]).tolist()) == list(range(len(prompts)))
     chunked = read(senior, prompts, repeats=2, steps=4)

@@ -1,7 +1,9 @@
 """Handoff samplers: who authors each token of a tandem rollout.
 
-Importing this package registers every sampler in ``tandem.registry.SAMPLERS``; build one with
-``SAMPLERS.build(name, tokenizer=tokenizer, **config)``.
+Each sampler registers itself in ``tandem.registry.SAMPLERS`` when its module is imported, and
+the registry's first lookup imports every module of this package, so a new file joins with no
+edit here; build one with ``SAMPLERS.build(name, tokenizer=tokenizer, **config)``. This package
+re-exports the built-in ones for direct use.
 """
 
 from tandem.samplers.base import JUNIOR, PAD, SENIOR, Handoff, Sampler

@@ -32,3 +32,12 @@ def test_notebook_runs_on_evaluation_outputs(
     pages = [o["data"]["text/html"] for o in outputs if "text/html" in o.get("data", {})]
     assert len(images) == 3  # pass@k, training curves, drift and legibility
     assert any('title="junior"' in p and 'title="senior"' in p for p in pages)
+
+
+def test_notebook_says_how_to_run_it_with_what_the_dev_extra_installs() -> None:
+    import shutil
+
+    intro = "".join(nbformat.read(NOTEBOOK, as_version=4).cells[0].source)
+    command = "jupyter execute notebooks/analysis.ipynb --output=analysis_run"
+    assert command in intro and "TANDEM_RUNS=multirun" in intro
+    assert shutil.which("jupyter-execute"), "the dev extra no longer installs `jupyter execute`"

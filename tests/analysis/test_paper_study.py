@@ -112,9 +112,11 @@ def test_paper_study_runs_end_to_end(tmp_path: Path) -> None:
             if arm == "grpo" and metric in displacement:
                 continue
             assert cell != "n/a" and "(n=1)" not in cell, (metric, arm, row)
-        # two GRPO seeds: one pair of seeds, two ordered pairs of the displacement analysis
+        # two GRPO seeds: one pair of seeds, two ordered pairs of the displacement analysis (its
+        # correlations may be NaN on so few tokens)
         null = cells[len(arms_shown) + 1]
-        assert ("(1 pair)" in null) or (metric in displacement and "[" in null), row
+        ordered = "[" in null or "(n=2)" in null
+        assert "(1 pair)" in null if metric not in displacement else ordered, row
     assert "Per seed: rho" in text
     assert "## Verdicts before and after the null" in text
     assert "## Problems: paired intervals and coverage" in text

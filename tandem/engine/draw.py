@@ -152,10 +152,10 @@ def _draw_restricted(
     """
     assert scores.weights is not None and scores.blocks is not None
     r, vocab = allowed.shape
-    flat = scores.weights.flatten(1)  # [n, B * S]
-    flat = flat if rows is None else flat[rows]
-    masked = torch.zeros_like(flat)  # [r, B * S], zero past V
-    torch.mul(flat[:, :vocab], allowed, out=masked[:, :vocab])
+    flat = scores.weights.flatten(1)  # [n, B * S], zero past V
+    # a copy of the rows' weights (already zero past V), masked in place: one pass over them
+    masked = flat.clone() if rows is None else flat[rows]  # [r, B * S]
+    masked[:, :vocab].mul_(allowed)
     weights = masked.view(r, *scores.weights.shape[1:])
     blocks = weights.sum(dim=-1)  # [r, B]
     token = _search_blocks(weights, blocks, uniforms)

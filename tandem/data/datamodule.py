@@ -194,9 +194,11 @@ class PromptDataModule(L.LightningDataModule):
         self.dropped: dict[str, int] = {}  # prompts over max_prompt_tokens, per split
 
     def setup(self, stage: str | None = None) -> None:
+        loaded = False
         for split in ("train", "validation"):
             if split in self.splits:
                 continue
+            loaded = True
             rows, report = self.source.load(split)
             log.info("data %s", report)
             if split == "validation" and self.val_size is not None:
@@ -213,7 +215,8 @@ class PromptDataModule(L.LightningDataModule):
                 "answers": [answers[i] for i in keep],
                 "ids": ids,
             }
-        if self.trainer is not None:
+        # once, when the splits load: a run validates the base first, then fits (two setups)
+        if loaded and self.trainer is not None:
             for logger in self.trainer.loggers:
                 logger.log_metrics(
                     {

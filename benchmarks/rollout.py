@@ -9,9 +9,10 @@ prefill included) of:
   every token: 0.5 of solo is the ceiling when a forward dominates, and sampling shared across
   both models is what can lift it;
 - ``asymmetric`` (tiny world only): the same schedule with ``tiny-bpe-small``, a smaller junior
-  with a vocabulary of its own, through the cross-vocabulary engine (``tandem.engine.cross``):
-  the junior's words are re-tokenized, and each model reads a row's new words, packed, when it
-  is to write there; the junior takes about 1.4 tokens per word of the base's. Its rate counts
+  with a vocabulary of its own, through the cross-vocabulary engine (``tandem.engine.cross``),
+  which steps the same sampler over each model's own tokens: the junior's words are
+  re-tokenized, and each model reads a row's new words, packed, when it is to write there; the
+  junior takes about 1.4 tokens per word of the base's. Its rate counts
   the senior's tokens, as ``tandem``'s does; its rows may stop a few tokens short of the full
   length (text the senior has not read is counted at a token per byte against the budget), so
   it is checked to write at least 90% of the full count rather than all of it.

@@ -34,17 +34,18 @@ class StepProgressBar(TQDMProgressBar):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *_: Any) -> None:
         bar = self.train_progress_bar
         bar.n = trainer.global_step
-        metrics = self.get_metrics(trainer, pl_module)
-        reward = metrics.pop("reward", None)
+        reward = trainer.progress_bar_metrics.get("reward")
         if isinstance(reward, int | float):
             self.rewards.append(float(reward))
-            mean = sum(self.rewards) / len(self.rewards)
-            # the running mean beside the step's reward, where the eye reads it
-            metrics = {"reward": reward, f"mean{WINDOW}": f"{mean:.3f}", **metrics}
-        bar.set_postfix(metrics, refresh=False)
+        bar.set_postfix(self.get_metrics(trainer, pl_module), refresh=False)
         bar.refresh()
 
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
         metrics = super().get_metrics(trainer, pl_module)
         metrics.pop("v_num", None)
+        if "reward" in metrics and self.rewards:
+            # the running mean beside the step's reward, where the eye reads it (here, so that
+            # the bar keeps it when a validation redraws it)
+            mean = f"{sum(self.rewards) / len(self.rewards):.3f}"
+            metrics = {"reward": metrics.pop("reward"), f"mean{WINDOW}": mean, **metrics}
         return metrics

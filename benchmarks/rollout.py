@@ -27,7 +27,8 @@ ids), so all do the same work, and each run checks that it wrote ``batch * new_t
 The three take turns for R rounds (hf, solo, tandem, hf, ...); each rate is the median over the
 rounds and each ratio the median of the rounds' ratios, so that a busy spell on a shared machine
 slows a whole round rather than one method; ``settings`` records the load average before and
-after.
+after. ``cpu`` holds the same ratios per second of the process's CPU time, which waiting for a
+busy core does not move: where the two disagree, the load did.
 
 Usage: ``python benchmarks/rollout.py [--quick] [--threads N] [--repeats R]`` (one thread unless
 told otherwise). What this file leaves out: GPUs (it runs wherever the models are put: CPU here)
@@ -116,24 +117,31 @@ def asymmetric(model: Any, junior: Any, tok: Any, junior_tok: Any, prompts, new_
     return int(r.lengths.sum())
 
 
-def rounds(runs: dict[str, Any], expected: int, repeats: int) -> dict[str, list[float]]:
-    """Tokens per second of each run in each of ``repeats`` rounds, the runs taking turns.
+def rounds(
+    runs: dict[str, Any], expected: int, repeats: int
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Tokens per second of each run in each of ``repeats`` rounds, the runs taking turns: per
+    second of wall time, and per second of this process's CPU time.
 
     Taking turns puts the runs of a round under about the same load, so that a busy spell on a
-    shared machine slows a whole round rather than one method's runs.
+    shared machine slows a whole round rather than one method's runs. CPU time (user and
+    system, one thread) leaves out the time the process waited for a core, so its ratios are
+    what a quiet machine's wall time would give, up to what other work does to the caches.
     """
     rates: dict[str, list[float]] = {name: [] for name in runs}
+    cpu: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(repeats):
         for name, fn in runs.items():
-            start = time.perf_counter()
+            start, used = time.perf_counter(), time.process_time()
             tokens = fn()
-            seconds = time.perf_counter() - start
+            seconds, used = time.perf_counter() - start, time.process_time() - used
             if name == "asymmetric":  # rows may stop short of the budget (see the module)
                 assert 0.9 * expected <= tokens <= expected, f"{name} wrote {tokens} tokens"
             else:
                 assert tokens == expected, f"{name} wrote {tokens} tokens, not {expected}"
             rates[name].append(tokens / seconds)
-    return rates
+            cpu[name].append(tokens / used)
+    return rates, cpu
 
 
 def measure(
@@ -157,14 +165,20 @@ def measure(
         asymmetric(model, cross[0], tok, cross[1], prompts[:2], 4)  # warm-up
         runs["asymmetric"] = lambda: asymmetric(model, cross[0], tok, cross[1], prompts, new_tokens)
         ratios.append(("asymmetric_vs_tandem", "asymmetric", "tandem"))
-    rates = rounds(runs, batch * new_tokens, repeats)
+    rates, cpu = rounds(runs, batch * new_tokens, repeats)
     # Medians: of the rates, and of each round's ratios (a round's runs share its load).
     result = {f"{k}_tok_s": round(statistics.median(v), 1) for k, v in rates.items()}
     for name, a, b in ratios:
-        ratios = [x / y for x, y in zip(rates[a], rates[b], strict=True)]
-        result[name] = round(statistics.median(ratios), 3)
+        result[name] = _median_ratio(rates[a], rates[b])
+    # the same per second of CPU time: what the load does not move (see ``rounds``)
+    result["cpu"] = {name: _median_ratio(cpu[a], cpu[b]) for name, a, b in ratios}
     result["rounds_tok_s"] = {k: [round(x) for x in v] for k, v in rates.items()}
     return result
+
+
+def _median_ratio(a: list[float], b: list[float]) -> float:
+    """The median over rounds of ``a / b``."""
+    return round(statistics.median(x / y for x, y in zip(a, b, strict=True)), 3)
 
 
 def main() -> None:

@@ -177,8 +177,8 @@ def _cross(
             "no senior tokenizer. Pass tokenizer=<the senior's>, or a junior with the senior's "
             "tokenizer."
         )
-    width = max(torch.as_tensor(p).numel() for p in prompts)
-    warn_unsplit([senior, junior], len(prompts), width, params)
+    b, width = Prompts.of(prompts, 0).ids.shape
+    warn_unsplit([senior, junior], b, width, params)
     return generate_cross(
         senior,
         junior,

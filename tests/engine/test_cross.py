@@ -3,9 +3,11 @@
 
 What is checked: the shared text is each model's decoded sequence; both models' recorded
 log-probs are what teacher forcing on their own sequences gives; cutting the text before a space
-tokenizes it as a whole; words change hands as often as the coin says; a packed read and a block
-read each equal reading token by token, and models read in blocks write the same rollouts; and
-pairs that cannot share words are refused with a message that says why.
+tokenizes it as a whole; words change hands as often as the coin says; the authors' schedule
+changes author only where its rule, replayed over each model's own tokens, draws a coin; every
+sampler writes across vocabularies; a character cut by the pen passes byte for byte; a packed read
+and a block read each equal reading token by token, and models read in blocks write the same
+rollouts; and pairs that cannot share words are refused with a message that says why.
 """
 
 from __future__ import annotations

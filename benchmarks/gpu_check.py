@@ -34,6 +34,7 @@ TINY = [
     "group_size=4",
     "generation.max_new_tokens=64",
     "validation.every_n_steps=100000",
+    "validation.at_start_and_end=false",
     "checkpoint_every_n_steps=100000",
     "logger=csv",
     "trainer.enable_progress_bar=false",

@@ -152,6 +152,7 @@ def worker(strategy: str, model: str, out: Path, steps: int, overrides: list[str
                 "group_size=4",
                 "generation.max_new_tokens=24",
                 "validation.every_n_steps=100000",
+                "validation.at_start_and_end=false",
                 "checkpoint_every_n_steps=100000",
                 "logger=csv",
                 "trainer.enable_progress_bar=false",

@@ -141,9 +141,9 @@ def worker(model: str, rows: int, tokens: int, steps: int, out: Path, extra: lis
     before_models: list[int] = []
     real_build = tandem.train.build
 
-    def build(cfg: Any) -> Any:
+    def build(cfg: Any, *args: Any, **kwargs: Any) -> Any:
         before_models.append(status_kib("VmRSS") * 1024)
-        return real_build(cfg)
+        return real_build(cfg, *args, **kwargs)
 
     tandem.train.build = build
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
@@ -161,7 +161,9 @@ def worker(model: str, rows: int, tokens: int, steps: int, out: Path, extra: lis
                 "++generation.eos_token_ids=[]",
                 f"data.max_prompt_tokens={PROMPT_CAP}",
                 "module.old_logprobs=trainer",
+                # no validation: its rollouts would be measured as the training's
                 "validation.every_n_steps=100000",
+                "validation.at_start_and_end=false",
                 "checkpoint_every_n_steps=100000",
                 "logger=csv",
                 "trainer.enable_progress_bar=false",

@@ -44,6 +44,7 @@ def arm_config(experiment: str, steps: int, out: Path, overrides: list[str]) -> 
                 "logger=csv",
                 "trainer.enable_progress_bar=false",
                 "validation.every_n_steps=100000",
+                "validation.at_start_and_end=false",
                 *overrides,
             ],
         )
@@ -86,6 +87,9 @@ def main() -> None:
     parser.add_argument(
         "--peer-prompts", type=Path, metavar="FILE", help="write the peer benchmark's prompts"
     )
+    parser.add_argument(
+        "--arms", default="grpo,trl", help="the arms to time (grpo alone for the peer benchmark)"
+    )
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for both arms")
     args = parser.parse_args()
     overrides = list(args.overrides)
@@ -99,10 +103,11 @@ def main() -> None:
     torch.set_num_threads(torch.get_num_threads())
     result: dict[str, object] = {"steps_averaged": steps - 1, "overrides": overrides}
     with tempfile.TemporaryDirectory() as tmp:
-        for arm in ("grpo", "trl"):
+        for arm in args.arms.split(","):
             result[arm] = arm_times(arm, steps, Path(tmp) / arm, overrides)
-    trl, grpo = result["trl"], result["grpo"]
-    result["trl_vs_grpo"] = {p: trl[p] / grpo[p] for p in ("generate", "update", "step")}
+    if "trl" in result and "grpo" in result:
+        trl, grpo = result["trl"], result["grpo"]
+        result["trl_vs_grpo"] = {p: trl[p] / grpo[p] for p in ("generate", "update", "step")}
     print(json.dumps(result, indent=2))
 
 

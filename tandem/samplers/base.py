@@ -111,7 +111,8 @@ class Sampler:
 
     def with_tables(self, tables: BoundaryTables) -> Sampler:
         """This rule over another vocabulary: a copy reading ``tables`` (that vocabulary's).
-        A sampler that needs no tables is returned as it is."""
+        A sampler that needs no tables is returned as it is; one that keeps other tensors made
+        from its tables must override this to remake them."""
         if self.tables is None:
             return self
         twin = copy.copy(self)

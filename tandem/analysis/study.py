@@ -333,6 +333,11 @@ def main(argv: list[str] | None = None) -> Path:
         "--checkpoint", choices=CHECKPOINTS, help="which senior of each run (default: the study's)"
     )
     parser.add_argument(
+        "--compare",
+        help="the study whose GRPO drift this one's is set against (default: the study's "
+        "compare; none: no such section, which saves evaluating the other world's runs)",
+    )
+    parser.add_argument(
         "--margin",
         type=float,
         default=MARGIN,
@@ -350,6 +355,8 @@ def main(argv: list[str] | None = None) -> Path:
     study = Study.load(args.study)
     given = {"runs": args.runs, "out": args.out, "base": args.base, "checkpoint": args.checkpoint}
     study = dataclasses.replace(study, **{k: v for k, v in given.items() if v is not None})
+    if args.compare is not None:
+        study = dataclasses.replace(study, compare=None if args.compare == "none" else args.compare)
     values, base, runs = collect(study, args.eval)
     compared = against(study, values, args.eval)
     command = " ".join(

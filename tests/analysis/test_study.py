@@ -258,3 +258,17 @@ def test_a_comparison_without_runs_says_so(tmp_path: Path, monkeypatch) -> None:
 def test_the_notation_study_is_set_against_the_tiny_world() -> None:
     assert Study.load("notation").compare == "tiny"
     assert Study.load("tiny").compare is None
+
+
+def test_the_comparison_can_be_left_out_from_the_command_line(tmp_path: Path, monkeypatch) -> None:
+    seen = []
+
+    def fake_collect(found, overrides, pullback=True):
+        seen.append(found.compare)
+        raise SystemExit(0)  # stop before evaluating anything
+
+    monkeypatch.setattr(study, "collect", fake_collect)
+    for flag, want in (([], "tiny"), (["--compare", "none"], None)):
+        with pytest.raises(SystemExit):
+            study.main(["--study", "notation", "--out", str(tmp_path / "p.md"), *flag])
+        assert seen[-1] == want

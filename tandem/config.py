@@ -607,17 +607,7 @@ def check_pair(problems: list[str], c: dict) -> None:
     if not cross_vocabulary_pair(problems, pair):
         return
     cross = "model.junior_name_or_path has a tokenizer of its own (a cross-vocabulary pair)"
-    samplers = [("sampler", c.get("sampler"))]
-    if (c.get("validation") or {}).get("sampler") is not None:
-        samplers.append(("validation.sampler", c["validation"]["sampler"]))
-    for key, spec in samplers:
-        name = spec.get("name") if isinstance(spec, dict) else spec
-        if name not in ("word", "solo"):
-            problems.append(
-                f"{key}.name ({name!r}): {cross}, which writes with the word sampler only (the "
-                f"pen passes before a space-led word). Set {key}=word, or use a junior that "
-                "shares the senior's tokenizer."
-            )
+    # every sampler writes across vocabularies (the junior steps it over its own tables)
     m = c.get("module") or {}
     kl = (m.get("loss") or {}).get("kl_beta", 0.0)
     if isinstance(kl, int | float) and kl > 0:

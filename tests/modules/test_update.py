@@ -69,8 +69,12 @@ def padded_logprobs(model, ids, mask, start) -> torch.Tensor:
     return logp.gather(-1, ids[:, start:, None]).squeeze(-1) * mask[:, start:]
 
 
-def reference_mean(values, mask, how, constant) -> torch.Tensor:
+def reference_mean(values, mask, how, constant, every=None) -> torch.Tensor:
+    """``every``: the response tokens of either author (the denominator of
+    ``token_mean_all_authors``)."""
     mask = mask.float()
+    if how == "token_mean_all_authors":
+        return (values * mask).sum() / every.float().sum().clamp(min=1)
     if how == "token_mean":
         return (values * mask).sum() / mask.sum().clamp(min=1)
     if how == "seq_mean_token_mean":
@@ -85,13 +89,15 @@ def reference_loss(logp, b: UpdateBatch, cfg: LossConfig) -> torch.Tensor:
     adv = b.advantages[:, None]
     clipped = ratio.clamp(1 - cfg.clip_low, 1 + cfg.clip_high) * adv
     per_token = -torch.minimum(ratio * adv, clipped)
-    loss = reference_mean(per_token, b.senior_mask, cfg.aggregation, cfg.constant)
+    every = b.senior_mask | b.junior_mask
+    loss = reference_mean(per_token, b.senior_mask, cfg.aggregation, cfg.constant, every)
     if cfg.kl_beta:
         kl = kl_penalty(logp, b.ref, cfg.kl_estimator)
-        loss = loss + cfg.kl_beta * reference_mean(kl, b.senior_mask, cfg.aggregation, cfg.constant)
+        kl = reference_mean(kl, b.senior_mask, cfg.aggregation, cfg.constant, every)
+        loss = loss + cfg.kl_beta * kl
     if cfg.lambda_jun:
         loss = loss + cfg.lambda_jun * reference_mean(
-            -logp, b.junior_mask, cfg.aggregation, cfg.constant
+            -logp, b.junior_mask, cfg.aggregation, cfg.constant, every
         )
     return loss
 

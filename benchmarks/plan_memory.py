@@ -164,6 +164,8 @@ def worker(model: str, rows: int, tokens: int, steps: int, out: Path, extra: lis
                 # no validation: its rollouts would be measured as the training's
                 "validation.every_n_steps=100000",
                 "validation.at_start_and_end=false",
+                # the budget the guide's figures were measured at
+                "module.max_tokens_per_micro_batch=1024",
                 "checkpoint_every_n_steps=100000",
                 "logger=csv",
                 "trainer.enable_progress_bar=false",

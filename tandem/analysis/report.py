@@ -155,10 +155,22 @@ def load_training_curves(folder: str | Path) -> pd.DataFrame:
             continue
         keys = [c for c in frame.columns if c not in ("step", "epoch")]
         long = frame.melt(id_vars=["step"], value_vars=keys, var_name="key").dropna()
-        frames.append(long.assign(run=path.parents[2].name))
+        frames.append(long.assign(run=run_name(path.parents[2])))
     if not frames:
         return pd.DataFrame(columns=["run", "step", "key", "value"])
     return pd.concat(frames, ignore_index=True)[["run", "step", "key", "value"]]
+
+
+def run_name(folder: Path) -> str:
+    """A run's legend name: its folder's, or for a sweep's job (folders ``0``, ``1``, ...) the
+    overrides Hydra recorded for it (``experiment=trl,seed=0``)."""
+    overrides = folder / ".hydra" / "overrides.yaml"
+    if folder.name.isdigit() and overrides.is_file():
+        items = [line[2:].strip() for line in overrides.read_text().splitlines()]
+        items = [i for i in items if i and not i.startswith(("hydra.", "output_dir="))]
+        if items:
+            return ",".join(items)
+    return folder.name
 
 
 def plot_training(curves: pd.DataFrame, keys: tuple[str, ...] = TRAINING_KEYS) -> plt.Figure:
@@ -167,7 +179,8 @@ def plot_training(curves: pd.DataFrame, keys: tuple[str, ...] = TRAINING_KEYS) -
     fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.2), squeeze=False)
     for ax, key in zip(axes[0], keys, strict=True):
         for run, rows in curves[curves["key"] == key].groupby("run"):
-            ax.plot(rows["step"], rows["value"], label=run)
+            # markers: a validation key has a point every few steps, or one
+            ax.plot(rows["step"], rows["value"], label=run, marker="o", markersize=3)
         ax.set(title=key, xlabel="step")
         if ax.has_data():
             ax.legend(fontsize="small")

@@ -48,6 +48,21 @@ def test_training_curves_are_read_from_csv_logs(training_runs: Path) -> None:
     assert len(val) == 4  # logged every 5 steps only: empty cells are not values
     fig = report.plot_training(curves)
     assert len(fig.axes) == 3 and len(fig.axes[0].lines) == 2
+    # a validation panel's few points show as markers
+    assert all(line.get_marker() == "o" for line in fig.axes[2].lines)
+
+
+def test_a_sweeps_jobs_are_named_by_their_overrides(tmp_path: Path) -> None:
+    for job, overrides in (("0", ["experiment=grpo", "seed=0"]), ("1", ["experiment=trl"])):
+        folder = tmp_path / "multirun" / "day" / "time" / job
+        logs = folder / "csv" / "version_0"
+        logs.mkdir(parents=True)
+        (logs / "metrics.csv").write_text("epoch,step,train/reward\n0,0,1\n")
+        (folder / ".hydra").mkdir()
+        lines = "".join(f"- {o}\n" for o in [*overrides, "hydra.job.chdir=false"])
+        (folder / ".hydra" / "overrides.yaml").write_text(lines)
+    curves = report.load_training_curves(tmp_path / "multirun")
+    assert set(curves["run"]) == {"experiment=grpo,seed=0", "experiment=trl"}
 
 
 def test_rollout_html_colours_each_author_and_escapes_text(eval_outputs: Path) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import html
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,13 +36,14 @@ class NotebookPaths:
 
     Attributes:
         results: evaluation outputs (``TANDEM_RESULTS``, default ``outputs/eval``).
-        runs: training run folders (``TANDEM_RUNS``, default ``outputs``).
+        runs: folders of training runs (``TANDEM_RUNS``, several joined by ``:``; default
+            ``outputs`` and ``multirun``, where sweeps write).
         aim_repo: an Aim repository to read the tables from instead of the JSON
             (``TANDEM_AIM_REPO``; None: read the JSON).
     """
 
     results: Path
-    runs: Path
+    runs: tuple[Path, ...]
     aim_repo: Path | None
 
 
@@ -51,7 +53,9 @@ def notebook_paths() -> NotebookPaths:
     aim = os.environ.get("TANDEM_AIM_REPO")
     return NotebookPaths(
         results=Path(os.environ.get("TANDEM_RESULTS", root / "outputs" / "eval")),
-        runs=Path(os.environ.get("TANDEM_RUNS", root / "outputs")),
+        runs=tuple(Path(p) for p in runs.split(os.pathsep))
+        if (runs := os.environ.get("TANDEM_RUNS"))
+        else (root / "outputs", root / "multirun"),
         aim_repo=Path(aim) if aim else None,
     )
 
@@ -146,10 +150,13 @@ def plot_drift_legibility(results: pd.DataFrame, set_name: str = "macro") -> plt
     return fig
 
 
-def load_training_curves(folder: str | Path) -> pd.DataFrame:
-    """Every ``csv/version_*/metrics.csv`` under ``folder``: ``run, step, key, value`` (long)."""
+def load_training_curves(folder: str | Path | Sequence[str | Path]) -> pd.DataFrame:
+    """Every ``csv/version_*/metrics.csv`` under ``folder`` (or each of several folders; one
+    that does not exist holds none): ``run, step, key, value`` (long)."""
+    folders = [folder] if isinstance(folder, str | Path) else list(folder)
     frames = []
-    for path in sorted(Path(folder).rglob("csv/version_*/metrics.csv")):
+    paths = (p for f in folders for p in sorted(Path(f).rglob("csv/version_*/metrics.csv")))
+    for path in paths:
         frame = pd.read_csv(path)
         if "step" not in frame:
             continue

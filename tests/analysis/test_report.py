@@ -65,6 +65,20 @@ def test_a_sweeps_jobs_are_named_by_their_overrides(tmp_path: Path) -> None:
     assert set(curves["run"]) == {"experiment=grpo,seed=0", "experiment=trl"}
 
 
+def test_the_notebook_finds_single_runs_and_sweeps_by_default(
+    training_runs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TANDEM_RUNS", raising=False)
+    monkeypatch.chdir(training_runs.parent)
+    (training_runs.parent / "outputs").symlink_to(training_runs)  # grpo and trl
+    sweep = training_runs.parent / "multirun" / "day" / "0" / "csv" / "version_0"
+    sweep.mkdir(parents=True)
+    (sweep / "metrics.csv").write_text("epoch,step,train/reward\n0,0,1\n")
+    paths = report.notebook_paths()
+    assert paths.runs == (Path.cwd() / "outputs", Path.cwd() / "multirun")
+    assert set(report.load_training_curves(paths.runs)["run"]) == {"grpo", "trl", "0"}
+
+
 def test_rollout_html_colours_each_author_and_escapes_text(eval_outputs: Path) -> None:
     records = report.load_generations(eval_outputs / "results")
     assert len(records) == 2 * 3 * 2

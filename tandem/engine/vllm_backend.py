@@ -193,7 +193,8 @@ class VLLMBackend:
         seed: the engines' seed (each request also gets its own seed from ``params.seed``).
         max_model_len: the longest prompt + response (None: the model's own limit).
         kv_cache_gib: KV cache per engine on CPU (``VLLM_CPU_KVCACHE_SPACE``).
-        sync_every: ``sync`` loads the senior's weights every this many optimizer steps.
+        sync_every: ``sync`` loads the senior's weights every this many training steps
+            (batches of rollouts).
         engine_args: more ``vllm.LLM`` arguments (e.g. ``gpu_memory_utilization``).
     """
 
@@ -211,7 +212,7 @@ class VLLMBackend:
         engine_args: dict[str, Any] | None = None,
     ) -> None:
         if sync_every < 1:
-            raise ValueError(f"sync_every ({sync_every}) must be >= 1 optimizer step.")
+            raise ValueError(f"sync_every ({sync_every}) must be >= 1 training step.")
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_gib))))
         if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":

@@ -522,8 +522,9 @@ class TandemGRPO(L.LightningModule):
             sync_dist=True,
             batch_size=rewards.numel(),
         )
-        # short names for the progress bar only
-        for name, key in (("reward", "train/reward"), ("senior", "train/senior_share")):
+        # short names for the progress bar, of what this run logs (metrics come from its config)
+        bar = (("reward", "train/reward"), ("senior", "train/senior_share"))
+        for name, key in ((n, k) for n, k in bar if k in values):
             self.log(
                 name,
                 values[key],

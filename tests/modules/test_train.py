@@ -304,3 +304,11 @@ def test_resume_honours_a_new_lr_and_refuses_a_change_of_meaning(tmp_path: Path)
     )
     starts = json.loads((tmp_path / "run_info.json").read_text())["starts"]
     assert len(starts) == 3 and starts[2]["changes"] == {"sampler.p": [0.5, 0.3]}
+
+
+def test_a_metric_removed_from_the_config_is_not_logged_and_nothing_asks_for_it(
+    tmp_path: Path,
+) -> None:
+    run(config(tmp_path, "trainer.max_steps=1", "~metrics.senior_share"))
+    (row,) = [r for r in metrics_rows(tmp_path) if r.get("train/reward")]
+    assert "train/senior_share" not in row and "train/handoffs_per_rollout" in row

@@ -58,7 +58,15 @@ __all__ = [
 CONF = Path(__file__).resolve().parents[1] / "conf"
 MONITORS = ("val/tandem/accuracy", "val/solo/accuracy")
 # the keys of the groups that build no object of their own: what tandem.train and the module read
-VALIDATION_KEYS = ("every_n_steps", "size", "sampler", "monitor", "temperature", "at_start_and_end")
+VALIDATION_KEYS = (
+    "every_n_steps",
+    "size",
+    "sampler",
+    "monitor",
+    "temperature",
+    "top_p",
+    "at_start_and_end",
+)
 MODEL_KEYS = ("name_or_path", "junior_name_or_path", "dtype", "junior_device")
 # keys of the data group that are the run's, not the source's
 DATA_RUN_KEYS = ("max_prompt_tokens",)
@@ -73,6 +81,7 @@ MODULE_FROM_RUN = {
     "seed": "seed",
     "val_sampler": "validation.sampler",
     "val_temperature": "validation.temperature",
+    "val_top_p": "validation.top_p",
     "metrics": "metrics",
 }
 # SamplingParams arguments that the module sets per rollout -> the key that decides them
@@ -145,6 +154,10 @@ RANGES: dict[str, Rule] = {
         "an integer >= 1, or null for the whole split",
     ),
     "validation.temperature": (lambda v: _number(v) and v >= 0, "a number >= 0 (0: greedy)"),
+    "validation.top_p": (
+        lambda v: v is None or (_number(v) and 0 < v <= 1),
+        "a number in (0, 1] or null (generation.top_p)",
+    ),
     "data.max_prompt_tokens": (
         lambda v: v is None or (_int(v) and v >= 1),
         "an integer >= 1, or null for the model's context minus generation.max_new_tokens",

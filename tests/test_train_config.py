@@ -416,8 +416,9 @@ def test_the_command_line_reports_the_configs_own_problems_then_every_other_at_o
     assert any("optimizer.lrr" in line and "module.optimizer.lr?" in line for line in lines)
     assert any(f"{bad}'): line 1 is not UTF-8" in line for line in lines)
     assert any("model.name_or_path" in line and "cannot be reached" in line for line in lines)
-    # the hub's retries this replaces took 54 s; what is left is starting Python and torch
-    assert elapsed < 30, f"took {elapsed:.1f} s"
+    # the hub's retries this replaces took 54 s on their own; what is left is starting Python
+    # and torch (15-45 s on a busy 2-core machine, the suite's other worker beside it)
+    assert elapsed < 50, f"took {elapsed:.1f} s"
 
 
 def test_the_command_line_names_a_plain_typo() -> None:

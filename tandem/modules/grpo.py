@@ -115,6 +115,7 @@ class TandemGRPO(L.LightningModule):
         seed: with the step index, decides every sample and coin (so resume is exact).
         val_sampler: sampler of the tandem validation pass (None: the training one).
         val_temperature: temperature of validation sampling (0: greedy).
+        val_top_p: nucleus of validation sampling (None: the training rollouts' top_p).
         rollouts_to_log, rollout_log_every: rollout texts logged every so many steps.
         backend: what samples rollouts: ``name`` (``torch``, ``vllm``) plus its arguments
             (``tandem.engine.vllm_backend.VLLMBackend``, e.g. ``sync_every``); None: torch.
@@ -150,6 +151,7 @@ class TandemGRPO(L.LightningModule):
         seed: int = 0,
         val_sampler: dict[str, Any] | None = None,
         val_temperature: float = 0.0,
+        val_top_p: float | None = None,
         rollouts_to_log: int = 2,
         rollout_log_every: int = 10,
         backend: dict[str, Any] | None = None,
@@ -237,13 +239,17 @@ class TandemGRPO(L.LightningModule):
         temperature: float | None = None,
         stream: int = 0,
         logprob_temperature: float | None = None,
+        top_p: float | None = None,
     ) -> Rollouts:
         """``samples`` rollouts per prompt of ``batch``, the rows of a prompt adjacent.
 
+        ``temperature`` and ``top_p`` replace the generation's own where given;
         ``logprob_temperature`` also records the loss's old and reference log-probs."""
         g = dict(self.hparams.generation)
         if temperature is not None:
             g["temperature"] = temperature
+        if top_p is not None:
+            g["top_p"] = top_p
         params = SamplingParams(
             **g,
             seed=self.step_seed(batch.index, stream),
@@ -568,7 +574,12 @@ class TandemGRPO(L.LightningModule):
     def validation_step(self, batch: PromptBatch, batch_idx: int) -> None:
         for name, sampler in (("solo", self.solo_sampler), ("tandem", self.val_sampler)):
             rollouts = self.rollout(
-                batch, sampler, 1, self.hparams.val_temperature, stream=1_000_000 + batch_idx
+                batch,
+                sampler,
+                1,
+                self.hparams.val_temperature,
+                stream=1_000_000 + batch_idx,
+                top_p=self.hparams.get("val_top_p"),
             )
             rewards = torch.tensor(self.reward.score(rollouts.texts, batch.answers))
             self.log(

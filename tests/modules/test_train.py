@@ -312,3 +312,32 @@ def test_a_metric_removed_from_the_config_is_not_logged_and_nothing_asks_for_it(
     run(config(tmp_path, "trainer.max_steps=1", "~metrics.senior_share"))
     (row,) = [r for r in metrics_rows(tmp_path) if r.get("train/reward")]
     assert "train/senior_share" not in row and "train/handoffs_per_rollout" in row
+
+
+@pytest.mark.parametrize("top_p", [None, 0.95])
+def test_validation_samples_with_its_own_top_p(tmp_path: Path, monkeypatch, top_p) -> None:
+    from tandem.engine import base
+    from tandem.modules.grpo import TandemGRPO
+
+    seen: list[tuple[bool, float]] = []
+    real = TandemGRPO.rollout
+
+    def rollout(self, *args, **kwargs):
+        made = base.SamplingParams
+
+        def record(**params):
+            seen.append((self.training, params["top_p"]))
+            return made(**params)
+
+        monkeypatch.setattr("tandem.modules.grpo.SamplingParams", record)
+        try:
+            return real(self, *args, **kwargs)
+        finally:
+            monkeypatch.setattr("tandem.modules.grpo.SamplingParams", made)
+
+    monkeypatch.setattr(TandemGRPO, "rollout", rollout)
+    override = "validation.top_p=null" if top_p is None else f"validation.top_p={top_p}"
+    run(config(tmp_path, "trainer.max_steps=1", "generation.top_p=0.9", override))
+    training = {p for t, p in seen if t}
+    validation = {p for t, p in seen if not t}
+    assert training == {0.9} and validation == {0.9 if top_p is None else top_p}

@@ -187,20 +187,26 @@ def test_ddp_on_two_cpu_processes(tmp_path: Path) -> None:
     assert any(not torch.equal(base[k], trained[k]) for k in base)
 
 
-def test_aim_logs_metrics_and_rollout_texts(tmp_path: Path, monkeypatch) -> None:
+def aim_runs(repo: Path) -> list:
+    """The runs of the Aim repository at ``repo``, indexed first so that their names and
+    metrics can be read."""
     from aim import Repo
     from aim.sdk.index_manager import RepoIndexManager
 
+    aim_repo = Repo.from_path(str(repo))
+    indexer = RepoIndexManager.get_index_manager(aim_repo)
+    for run_hash in aim_repo.list_all_runs():
+        indexer.index(run_hash)
+    return list(Repo.from_path(str(repo)).iter_runs())
+
+
+def test_aim_logs_metrics_and_rollout_texts(tmp_path: Path, monkeypatch) -> None:
     repo = tmp_path / "aim"
     monkeypatch.setenv("TANDEM_AIM_REPO", str(repo))
     cfg = config(tmp_path / "run", "trainer.max_steps=1", "module.rollout_log_every=1")
     cfg.logger = compose_logger("aim")
     run(cfg)
-    aim_repo = Repo.from_path(str(repo))
-    indexer = RepoIndexManager.get_index_manager(aim_repo)
-    for run_hash in aim_repo.list_all_runs():
-        indexer.index(run_hash)
-    (aim_run,) = list(Repo.from_path(str(repo)).iter_runs())
+    (aim_run,) = aim_runs(repo)
     names = {m.name for m in aim_run.metrics()}
     assert {"train/reward", "train/senior_share", "time/generate"} <= names
     texts = [name for name, _, _ in aim_run.iter_sequence_info_by_type("aim.text")]

@@ -81,10 +81,7 @@ def test_a_run_validates_the_base_first_logs_its_steps_and_closes_with_the_summa
 def test_an_aim_run_is_named_after_its_folder_and_a_resume_continues_it(
     tmp_path: Path, monkeypatch
 ) -> None:
-    from aim import Repo
-    from aim.sdk.index_manager import RepoIndexManager
-
-    from tests.modules.test_train import compose_logger
+    from tests.modules.test_train import aim_runs, compose_logger
 
     repo = tmp_path / "aim"
     monkeypatch.setenv("TANDEM_AIM_REPO", str(repo))
@@ -93,11 +90,7 @@ def test_an_aim_run_is_named_after_its_folder_and_a_resume_continues_it(
         cfg = config(folder, f"trainer.max_steps={steps}", f"ckpt_path={ckpt}")
         cfg.logger = compose_logger("aim")
         run(cfg)
-    aim_repo = Repo.from_path(str(repo))
-    indexer = RepoIndexManager.get_index_manager(aim_repo)
-    for run_hash in aim_repo.list_all_runs():
-        indexer.index(run_hash)
-    (aim_run,) = list(Repo.from_path(str(repo)).iter_runs())  # one Aim run, not one a start
+    (aim_run,) = aim_runs(repo)  # one Aim run, not one a start
     assert aim_run.name == "trl-seed0"
     assert aim_run["output_dir"] == str(folder.absolute())
     assert json.loads((folder / "aim_run.json").read_text())["hash"] == aim_run.hash

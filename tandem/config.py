@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import importlib.util
 import inspect
 import os
 import sys
@@ -118,19 +119,13 @@ def _number(v: Any) -> bool:
 
 
 Rule = tuple[Callable[[Any], bool], str]
-# the range of every numeric key; a feature that can be off is off with null, never a negative
+# the range of every numeric key the run itself reads; a feature that can be off is off with
+# null, never a negative. The keys that become SamplingParams (generation, the validation's and
+# the loss's temperatures) are checked by its own rules (``tandem.engine.params.RULES``).
 RANGES: dict[str, Rule] = {
     "seed": (lambda v: _int(v) and v >= 0, "an integer >= 0"),
     "threads": (lambda v: v is None or (_int(v) and v >= 1), "an integer >= 1, or null (torch's)"),
     "checkpoint_every_n_steps": (lambda v: _int(v) and v >= 1, "an integer >= 1"),
-    "generation.temperature": (lambda v: _number(v) and v > 0, "a number > 0"),
-    "generation.top_p": (lambda v: _number(v) and 0 < v <= 1, "in (0, 1] (1: off)"),
-    "generation.top_k": (lambda v: _int(v) and v >= 0, "an integer >= 0 (0: off)"),
-    "generation.max_new_tokens": (lambda v: _int(v) and v >= 1, "an integer >= 1"),
-    "generation.kv_cache_gib": (
-        lambda v: v is None or (_number(v) and v > 0),
-        "a number > 0 (GiB), or null for a share of the device's free memory",
-    ),
     "module.optimizer.lr": (lambda v: _number(v) and v > 0, "a number > 0"),
     "module.optimizer.weight_decay": (lambda v: _number(v) and v >= 0, "a number >= 0"),
     "module.max_grad_norm": (
@@ -152,11 +147,6 @@ RANGES: dict[str, Rule] = {
     "validation.size": (
         lambda v: v is None or (_int(v) and v >= 1),
         "an integer >= 1, or null for the whole split",
-    ),
-    "validation.temperature": (lambda v: _number(v) and v >= 0, "a number >= 0 (0: greedy)"),
-    "validation.top_p": (
-        lambda v: v is None or (_number(v) and 0 < v <= 1),
-        "a number in (0, 1] or null (generation.top_p)",
     ),
     "data.max_prompt_tokens": (
         lambda v: v is None or (_int(v) and v >= 1),
@@ -210,6 +200,7 @@ def _problems_before_imports(c: dict, world_size: int) -> list[str]:
         )
     _check_batch(problems, c, world_size)
     _check_ranges(problems, c)
+    _check_sampling(problems, c)
     _check_precision(problems, c)
     return problems
 
@@ -436,6 +427,59 @@ def _check_ranges(problems: list[str], c: dict) -> None:
             problems.append(f"{key} ({value!r}) must be {rule}. Set {key} to such a value.")
 
 
+def sampling_params() -> Any:
+    """``tandem.engine.params.SamplingParams``, without importing the ``tandem.engine`` package
+    (whose ``__init__`` imports torch): the module, which imports nothing heavy, is loaded from
+    its file under its own name, so that the engine's own import of it later finds this one."""
+    name = "tandem.engine.params"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            name, Path(__file__).parent / "engine" / "params.py"
+        )
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name].SamplingParams
+
+
+# the keys that become SamplingParams fields, besides generation's own: key -> field
+SAMPLING_FROM_RUN = {
+    "validation.temperature": "temperature",
+    "validation.top_p": "top_p",
+    "module.logprob_temperature": "logprob_temperature",
+}
+# what null means for a key that becomes a SamplingParams field; for validation.top_p, which
+# SamplingParams would not take as None, the rollouts' value is used
+NULL_MEANS = {
+    "validation.top_p": "the rollouts' generation.top_p",
+    "module.logprob_temperature": "the rollouts' generation.temperature",
+}
+
+
+def _check_sampling(problems: list[str], c: dict) -> None:
+    """The values that become ``SamplingParams``, by its own rules; and training's one rule
+    more: it samples (a greedy rollout would be each group's every rollout)."""
+    params = sampling_params()
+    generation = c.get("generation") if isinstance(c.get("generation"), dict) else {}
+    keys = {f"generation.{k}": k for k in generation if k not in GENERATION_FROM_RUN}
+    for key, field in {**keys, **SAMPLING_FROM_RUN}.items():
+        present, value = _lookup(c, key)
+        if not present or (isinstance(value, str) and value.startswith("${")):
+            continue  # absent: the default; an interpolation: checked resolved
+        if value is None and key == "validation.top_p":
+            continue
+        for problem in params.problems({field: value}, prefix=key[: -len(field)], none="null"):
+            meaning = f" (null: {NULL_MEANS[key]})" if key in NULL_MEANS else ""
+            problems.append(f"{problem}{meaning}. Set {key} to such a value.")
+    t = generation.get("temperature")
+    if t == 0 and not isinstance(t, bool):
+        problems.append(
+            "generation.temperature (0) is greedy: every rollout of a prompt would be the same, "
+            "so each group's advantages would be 0 and GRPO would learn nothing. Set "
+            "generation.temperature > 0 (the paper's 1.0); greedy is for evaluation."
+        )
+
+
 def _check_batch(problems: list[str], c: dict, world_size: int) -> None:
     b, g = c.get("batch_size"), c.get("group_size")
     if not (_int(g) and g >= 2):
@@ -501,12 +545,6 @@ def _check_module(problems: list[str], m: dict) -> None:
     if m.get("advantage", "std") not in ADVANTAGE_MODES:
         problems.append(
             f"module.advantage ({m.get('advantage')!r}) must be one of {list(ADVANTAGE_MODES)}."
-        )
-    t = m.get("logprob_temperature")
-    if t is not None and not (isinstance(t, int | float) and not isinstance(t, bool) and t > 0):
-        problems.append(
-            f"module.logprob_temperature ({t!r}) must be a number > 0, or null for the rollout "
-            "temperature."
         )
     if m.get("old_logprobs", "auto") not in OLD_LOGPROB_SOURCES:
         problems.append(

@@ -7,6 +7,7 @@ existing file: the packages learn of the new modules only through their folders.
 
 from __future__ import annotations
 
+import csv
 import re
 import sys
 from pathlib import Path
@@ -19,10 +20,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import tandem.metrics
 import tandem.rewards
 import tandem.samplers
-from tandem.assets import TINY_WORLD
+from tandem.assets import TINY_BPE_SMALL, TINY_WORLD
 from tandem.config import ConfigError, validate_train_config
-from tandem.engine import JUNIOR, SENIOR, SamplingParams, generate
+from tandem.engine import JUNIOR, SENIOR, Rollouts, SamplingParams, generate
 from tandem.evaluate import run as evaluate
+from tandem.modules.checks import AuthorMaskError, check_rollouts
 from tandem.registry import METRICS, REWARDS, SAMPLERS
 from tandem.train import run
 
@@ -81,6 +83,10 @@ def test_the_examples_train_and_are_checked(examples, tmp_path):
         validate_train_config(
             compose_with(examples, tmp_path / "x", "sampler=relay", "+sampler.nn=3")
         )
+    with pytest.raises(ConfigError, match=r"sampler: n \(0\) is the tokens of one turn"):
+        validate_train_config(
+            compose_with(examples, tmp_path / "x", "sampler=relay", "sampler.n=0")
+        )
     metrics = run(cfg)
     assert "train/reward" in metrics and "val/tandem/accuracy" in metrics
     assert 0.0 < metrics["train/senior_share"] < 1.0, "the junior must write under relay"
@@ -106,24 +112,86 @@ def test_the_example_sampler_runs_on_both_backends(examples, monkeypatch):
     assert got == expected and requests == 7
 
 
+def test_a_sampler_that_may_keep_the_junior_out_runs_on(examples, tmp_path):
+    tokenizer = AutoTokenizer.from_pretrained(TINY_WORLD)
+    line = SAMPLERS.build("line", tokenizer=tokenizer, p=0.5)
+
+    def senior_only(text: str, rows: int) -> Rollouts:
+        ids = torch.tensor([tokenizer.encode(text, add_special_tokens=False)] * rows)
+        n, t = ids.shape
+        return Rollouts(
+            tokens=ids,
+            authors=torch.full((n, t), SENIOR),
+            senior_logprobs=torch.zeros(n, t),
+            junior_logprobs=torch.zeros(n, t),
+            lengths=torch.full((n,), t),
+            stop_reasons=torch.zeros(n, dtype=torch.long),
+            prompt_tokens=torch.tensor(tokenizer.encode("\n") * 2).expand(n, -1),
+            prompt_lengths=torch.full((n,), 2),
+            prompt_index=torch.arange(n),
+            pad_token_id=0,
+        )
+
+    # 4 rows of one line: 4 coins, all the senior's one time in 16: the run goes on
+    check_rollouts(senior_only("2 + 3 = 5", rows=4), line)
+    # 8 rows of 4 lines: 32 coins all the senior's is a junior that never wrote
+    with pytest.raises(AuthorMaskError, match="no rollout in this batch holds a junior token"):
+        check_rollouts(senior_only("1\n2\n3\n4", rows=8), line)
+    # trained with the senior's coin at 0.99 on short rollouts, most batches hold no junior
+    # token, and the run goes on
+    out = tmp_path / "line"
+    cfg = compose_with(
+        examples,
+        out,
+        "sampler=line",
+        "sampler.p=0.99",
+        "generation.max_new_tokens=4",
+        "trainer.max_steps=3",
+    )
+    run(cfg)
+    (path,) = out.glob("csv/version_*/metrics.csv")
+    with path.open() as f:
+        shares = [
+            float(r["train/senior_share"]) for r in csv.DictReader(f) if r.get("train/senior_share")
+        ]
+    assert len(shares) == 3 and 1.0 in shares, shares
+    # across vocabularies: the cross engine steps the same rule over the junior's own tokens
+    senior = AutoModelForCausalLM.from_pretrained(TINY_WORLD, dtype=torch.float32)
+    junior = AutoModelForCausalLM.from_pretrained(TINY_BPE_SMALL, dtype=torch.float32)
+    r = generate(
+        senior,
+        junior,
+        [tokenizer("What is 2 + 3?")["input_ids"]] * 4,
+        line,
+        SamplingParams(max_new_tokens=16, eos_token_ids=(), seed=1),
+        tokenizer=tokenizer,
+        junior_tokenizer=AutoTokenizer.from_pretrained(TINY_BPE_SMALL),
+    )
+    assert bool(r.junior_mask.any()) and bool(r.senior_mask.any())
+
+
 def test_the_example_reward_and_metric(examples):
     reward = REWARDS.build("boxed_format")
     assert reward.score(["so \\boxed{4}", "4"], ["4", "4"]) == [1.0, 0.0]
-    metric = METRICS.build("response_length")
-    metric.update(torch.tensor([[1, 0, 1, -1], [1, -1, -1, -1]]))
-    assert float(metric.compute()) == 2.0
+    metric = METRICS.build("junior_tokens")
+    metric.update(torch.tensor([[1, 0, 0, -1], [1, -1, -1, -1]]))
+    assert float(metric.compute()) == 1.0
 
 
 def test_the_example_metric_is_listed_in_training_validation_and_evaluation(examples, tmp_path):
-    cfg = compose_with(examples, tmp_path / "run", "+metrics.length=response_length")
+    cfg = compose_with(examples, tmp_path / "run", "+metrics.junior=junior_tokens")
     metrics = run(cfg)
-    for key in ("train/length", "val/solo/length", "val/tandem/length"):
-        assert 1.0 <= metrics[key] <= 16.0, key  # tokens per rollout, at most max_new_tokens
+    for key in ("train/junior", "val/tandem/junior"):
+        assert 0.0 <= metrics[key] <= 16.0, key  # tokens per rollout, at most max_new_tokens
+    assert metrics["val/solo/junior"] == 0.0
+    # the built-in figures of the same rollouts: the junior's tokens are its share of them
+    expected = (1 - metrics["train/senior_share"]) * metrics["train/response_length"]
+    assert metrics["train/junior"] == pytest.approx(expected, rel=1e-5)
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose(
             "evaluate",
             overrides=[
-                "+metrics.length=response_length",
+                "+metrics.junior=junior_tokens",
                 "eval.tiny.limit=2",
                 "eval.tiny.ks=[1,2]",
                 "eval.tiny.n=2",
@@ -136,5 +204,6 @@ def test_the_example_metric_is_listed_in_training_validation_and_evaluation(exam
         )
     table = evaluate(cfg)["sets"]["tiny"]
     for mode in ("solo", "handoff"):
-        # the example counts what the built-in length does
-        assert table[f"{mode}/length"] == pytest.approx(table[f"{mode}/response_length"])
+        share, length = table[f"{mode}/senior_share"], table[f"{mode}/response_length"]
+        assert table[f"{mode}/junior"] == pytest.approx((1 - share) * length, rel=1e-5, abs=1e-9)
+    assert table["handoff/junior"] > 0.0

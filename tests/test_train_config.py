@@ -14,8 +14,19 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
+from transformers import AutoTokenizer
 
-from tandem.config import ConfigError, _check_ranges, config_error_message, validate_train_config
+from tandem.assets import TINY_WORLD
+from tandem.config import (
+    ConfigError,
+    _check_ranges,
+    _problems_before_imports,
+    check_sampler,
+    config_error_message,
+    validate_train_config,
+)
+from tandem.engine import SamplingParams
+from tandem.registry import SAMPLERS
 from tests.refusal import child_environment, train_cli
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
@@ -232,8 +243,9 @@ def test_a_group_of_one_is_refused_with_the_reason() -> None:
         ),
         ("module.logprob_chunk_tokens=0", "module.logprob_chunk_tokens (0) must be an integer"),
         ("validation.temperature=-1", "validation.temperature (-1) must be a number >= 0"),
-        ("generation.temperature=0", "generation.temperature (0) must be a number > 0"),
-        ("generation.top_p=1.5", "generation.top_p (1.5) must be in (0, 1]"),
+        ("generation.temperature=0", "generation.temperature (0) is greedy"),
+        ("generation.temperature=-1", "generation.temperature (-1) must be a number >= 0"),
+        ("generation.top_p=1.5", "generation.top_p (1.5) must be a number in (0, 1]"),
         ("generation.top_k=-1", "generation.top_k (-1) must be an integer >= 0"),
         ("generation.max_new_tokens=0", "generation.max_new_tokens (0) must be an integer >= 1"),
         ("data.max_prompt_tokens=0", "data.max_prompt_tokens (0) must be an integer >= 1, or"),
@@ -501,3 +513,53 @@ def test_defaults_stay_fast_when_the_cores_are_shared(tmp_path: Path) -> None:
     proc, _ = train_cli(f"hydra.run.dir={tmp_path / 'run'}", "batch_size=7",
                         env={**env, "OMP_WAIT_POLICY": "ACTIVE"})  # fmt: skip
     assert child_environment(proc)["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
+# values on both sides of every rule of a number, and of other types
+PROBES = (-1, 0, 1e-9, 0.5, 1, 1.5, 2, 3, 1024, None, True, "x", [1])
+
+
+def _refused(key: str, value) -> bool:
+    """Whether the config check refuses ``key=value`` (before anything loads)."""
+    cfg = train_config()
+    OmegaConf.update(cfg, key, value, force_add=True)
+    c = OmegaConf.to_container(cfg, resolve=False)
+    return any(p.startswith(f"{key} (") for p in _problems_before_imports(c, 1))
+
+
+@pytest.mark.parametrize(
+    "key, field",
+    [
+        *((f"generation.{f}", f) for f in ("max_new_tokens", "temperature", "top_p", "top_k")),
+        ("generation.kv_cache_gib", "kv_cache_gib"),
+        ("validation.temperature", "temperature"),
+        ("validation.top_p", "top_p"),
+        ("module.logprob_temperature", "logprob_temperature"),
+    ],
+)
+def test_the_config_check_and_sampling_params_agree(key: str, field: str) -> None:
+    # a value the engine takes is one the config takes, except where the run says otherwise:
+    # training refuses greedy rollouts, and validation.top_p null means the rollouts' own
+    differ = {("generation.temperature", "0"): True, ("validation.top_p", "None"): False}
+    for value in PROBES:
+        try:
+            SamplingParams(**{field: value})
+            engine_refuses = False
+        except (ValueError, TypeError):
+            engine_refuses = True
+        expected = differ.get((key, repr(value)), engine_refuses)
+        assert _refused(key, value) == expected, (key, value)
+
+
+@pytest.mark.parametrize("field", ["p", "max_gap_tokens"])
+def test_the_config_check_and_the_sampler_agree(field: str) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(TINY_WORLD)
+    for value in PROBES:
+        try:
+            SAMPLERS.build("word", tokenizer=tokenizer, **{field: value})
+            refuses = False
+        except (ValueError, TypeError):
+            refuses = True
+        problems = []
+        check_sampler(problems, "sampler", {"name": "word", field: value})
+        assert bool(problems) == refuses, (field, value, problems)

@@ -1,8 +1,9 @@
 """The paper's four claims, measured on finished training runs: ``python -m tandem.analysis.study``.
 
 Reads every finished run under a sweep folder (``multirun/tiny_world`` by default, as written by
-``python -m tandem.train --config-name reproduce``), evaluates each run's exported senior and
-the base once with ``tandem.evaluate`` (skipping evaluations already on disk, so an interrupted
+``python -m tandem.train --config-name reproduce``), evaluates each run's senior (by default the
+checkpoint validation selected, ``checkpoint: selected``; ``last``: the last step's) and the
+base once with ``tandem.evaluate`` (skipping evaluations already on disk, so an interrupted
 study resumes), runs the displacement analysis per seed, and writes a Markdown page with one
 table per claim: each arm's mean and 95% t-interval over seeds, the paper's figure beside it,
 and a verdict per metric (``tandem.analysis.claims``: a directional claim reproduces when the
@@ -29,8 +30,9 @@ A study with ``compare`` (``conf/study/notation.yaml``: ``compare: tiny``) also 
 from the base (KL, the junior's cross-entropy, the drop from solo to handoff accuracy) against the
 other study's world, with Welch's interval of the difference: can this world tell?
 
-A run is finished when its exported senior (``<run>/senior/config.json``) exists; the exported
-senior is the last step's. Every figure on the page comes from the runs it names.
+A run is finished when its exported senior (``<run>/senior/config.json``, the last step's)
+exists; a run with no selected checkpoint is evaluated at its last step, with a warning. Every
+figure on the page comes from the runs it names.
 
 What this file leaves out: training (``tandem.train``) and the metrics (``tandem.evaluation``).
 """

@@ -12,6 +12,9 @@ the logits divided by that temperature first: the quantity GRPO's ratio and its 
 verl and TRL (the trainer recomputes it with gradients). Neither includes top-k, top-p or the word
 sampler's onset restriction: those only decide which token is drawn.
 
+``SamplingParams`` is defined in ``tandem.engine.params`` (no torch there, so that the config
+check reads its rules before the heavy imports) and exported here.
+
 What this file leaves out: the generation loop (``tandem.engine.loop``), the layout every engine
 builds its rollouts with (``tandem.engine.layout``) and token sampling (``tandem.engine.draw``).
 """
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from tandem.engine.params import SamplingParams
 from tandem.samplers.base import JUNIOR, PAD, SENIOR
 
 __all__ = ["JUNIOR", "PAD", "SENIOR", "Lockstep", "Rollouts", "SamplingParams", "StopReason"]
@@ -43,89 +47,6 @@ class StopReason(enum.IntEnum):
     # (SamplingParams.budget), or its schedule ended it (Handoff.done: a cap on turns); so
     # masking truncated rows masks all three
     LENGTH = 1
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How tokens are drawn and when rows stop.
-
-    Attributes:
-        max_new_tokens: the most response tokens per row.
-        temperature: divides the logits before sampling; 0 means greedy.
-        top_p: nucleus sampling: keep the fewest most likely tokens holding this much mass
-            (1 = off).
-        top_k: keep the k most likely tokens (0 = off). Applied before top_p, as in
-            Hugging Face.
-        seed: seeds token sampling; the same seed (and the same sampler state) gives the same
-            rollouts. Vary it between calls (e.g. ``seed + step``) to get fresh samples.
-        samples_per_prompt: G, rows per prompt (rows ``i*G ... i*G+G-1`` share prompt ``i``).
-        eos_token_ids: ids that end a row; ``None`` reads them from the senior's
-            ``generation_config`` (then its ``config``); ``()`` never stops early.
-        context_limit: the most prompt + response tokens of a row: a row whose prompt is long
-            gets fewer than ``max_new_tokens`` (``budget``); ``None``: no such limit.
-        logprob_temperature: also record each token's log-prob with the logits divided by
-            this (``Rollouts.old_logprobs`` / ``ref_logprobs``, the policy loss's inputs);
-            ``None`` records only the raw ones.
-        kv_cache_gib: the most GiB the torch engine's KV caches may hold in one call, per
-            device (senior and junior together where they share one): it generates whole
-            prompt groups a pass at a time to stay under it, with the rollouts of one pass
-            (``tandem.engine.budget``); ``None``: 90% of the memory free on each device when
-            the call starts. The vLLM backend sizes its own cache and ignores it.
-    """
-
-    max_new_tokens: int = 256
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int = 0
-    samples_per_prompt: int = 1
-    eos_token_ids: tuple[int, ...] | None = None
-    context_limit: int | None = None
-    logprob_temperature: float | None = None
-    kv_cache_gib: float | None = None
-
-    def __post_init__(self) -> None:
-        problems = []
-        if self.max_new_tokens < 1:
-            problems.append(f"max_new_tokens ({self.max_new_tokens}) must be at least 1")
-        if self.temperature < 0:
-            problems.append(f"temperature ({self.temperature}) must be >= 0 (0 is greedy)")
-        if not 0.0 < self.top_p <= 1.0:
-            problems.append(f"top_p ({self.top_p}) must be in (0, 1] (1 turns it off)")
-        if self.top_k < 0:
-            problems.append(f"top_k ({self.top_k}) must be >= 0 (0 turns it off)")
-        if self.samples_per_prompt < 1:
-            problems.append(f"samples_per_prompt ({self.samples_per_prompt}) must be >= 1")
-        if self.context_limit is not None and self.context_limit < 2:
-            problems.append(f"context_limit ({self.context_limit}) must be at least 2 tokens")
-        if self.logprob_temperature is not None and not self.logprob_temperature > 0:
-            problems.append(
-                f"logprob_temperature ({self.logprob_temperature}) must be > 0 (None: raw only)"
-            )
-        if self.kv_cache_gib is not None and not self.kv_cache_gib > 0:
-            problems.append(
-                f"kv_cache_gib ({self.kv_cache_gib}) must be > 0 (None: a share of free memory)"
-            )
-        if problems:
-            raise ValueError("invalid SamplingParams: " + "; ".join(problems) + ".")
-        if self.eos_token_ids is not None:
-            object.__setattr__(self, "eos_token_ids", tuple(int(i) for i in self.eos_token_ids))
-
-    def budget(self, prompt_length: int) -> int:
-        """The most response tokens after a prompt of ``prompt_length`` tokens (at least 1)."""
-        if self.context_limit is None:
-            return self.max_new_tokens
-        return max(1, min(self.max_new_tokens, self.context_limit - prompt_length))
-
-    @property
-    def greedy(self) -> bool:
-        """Whether tokens are argmaxes (temperature 0)."""
-        return self.temperature == 0
-
-    @property
-    def truncated(self) -> bool:
-        """Whether top-k or top-p cut the distribution."""
-        return self.top_k > 0 or self.top_p < 1.0
 
 
 @dataclass(frozen=True)
@@ -209,11 +130,6 @@ class Rollouts:
         if self.junior_logprobs is None:
             return self.senior_logprobs
         return torch.where(self.junior_mask, self.junior_logprobs, self.senior_logprobs)
-
-    @property
-    def senior_share(self) -> Tensor:
-        """``[N]``: the fraction of each row's tokens that the senior wrote."""
-        return self.senior_mask.sum(1) / self.lengths.clamp(min=1)
 
     def sequences(self) -> tuple[Tensor, Tensor]:
         """Prompt and response side by side, for teacher forcing without re-tokenizing.

@@ -10,10 +10,9 @@ runs in passes over consecutive whole prompt groups, joined into one ``Rollouts`
 the whole call's random numbers at every step and keeps its own rows' (a few uniforms per row:
 nothing next to a forward), and its models read each prompt as one pass over every prompt would
 (the same width, in the same prefill group or a part of it). Rows never interact, so the passes
-give the rollouts of one pass: the same tokens, authors, lengths and stops, and the same
-log-probs wherever the matrix kernels round a row alike whatever the batch's size (on this CPU
-they do from four rows up; under four, and on GPUs, in general, only within the last bits, as
-the batch's compaction already makes them within one pass).
+give the rollouts of one pass: the same tokens, authors, lengths and stops, and log-probs equal
+within the last bits (the matrix kernels see other batch sizes, which on most CPUs and GPUs
+rounds a row's sums differently, as the batch's compaction already does within one pass).
 
 Lockstep: a senior sharded layer by layer (FSDP2 gathering each decoder layer for its forward)
 makes collectives at every forward, so every process must make as many. With ``lockstep``, each

@@ -30,10 +30,10 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torchmetrics import MeanMetric, Metric
+from torchmetrics import Metric
 from tqdm.auto import tqdm
 
-from tandem.engine import SENIOR, Rollouts, StopReason, TorchBackend
+from tandem.engine import SENIOR, Rollouts, TorchBackend
 from tandem.engine.cross import same_vocabulary
 from tandem.evaluation.forcing import forced_chunks, junior_logprobs
 from tandem.evaluation.records import RecordWriter, build_records
@@ -47,7 +47,7 @@ from tandem.metrics import (
     kl_divergence,
     token_overlap,
 )
-from tandem.metrics.base import build_metrics, measure, values
+from tandem.metrics.base import build_metrics, measure_rollouts, values
 from tandem.metrics.per_byte import JuniorBytesCrossEntropy, byte_table
 from tandem.registry import SAMPLERS
 from tandem.rewards import Verdict
@@ -186,8 +186,6 @@ class Evaluator:
         """The metrics one pass feeds, by the name they take in the table."""
         out: dict[str, Metric] = {
             "pass": PassAtK(ks=eval_set.ks),
-            "response_length": MeanMetric(),
-            "truncated": MeanMetric(),
         }
         out.update(build_metrics(self.configured))
         if mode == "solo" and self.drift:
@@ -220,10 +218,7 @@ class Evaluator:
         """Feed one batch (``scores [B, n]``) to the metrics; returns per-token values for its
         records. ``junior_prompts``: each row's prompt in a junior of another family's own ids."""
         metrics["pass"].update(scores > 0.5)  # [B, n]
-        metrics["response_length"].update(rollouts.lengths.float().cpu())
-        metrics["truncated"].update((rollouts.stop_reasons == StopReason.LENGTH).float().cpu())
-        configured = {k: metrics[k] for k in self.configured}
-        measure(configured, authors=rollouts.authors.cpu(), rewards=scores.flatten().float())
+        measure_rollouts({k: metrics[k] for k in self.configured}, rollouts, scores)
         if "drift/kl" in metrics:
             return self.force(metrics, rollouts, junior_prompts)
         return {}

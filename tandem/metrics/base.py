@@ -1,5 +1,6 @@
 """The shared shape of the mean metrics (a sum and a count, reduced by summing), and how the
-metrics a config lists are built, fed and read.
+metrics a config lists are built, fed and read: one path for training, validation and
+``tandem.evaluate``.
 
 The per-token metrics add one value per token, so long responses weigh by their length, as
 the paper's per-token numbers do; per-rollout ones (handoffs) add one value per rollout.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -37,8 +39,8 @@ class TokenMean(Metric):
 
 
 # what a batch of rollouts offers the metrics a config lists: a metric's ``update`` names the
-# ones it reads (``authors [N, T]``: SENIOR, JUNIOR, PAD; ``rewards [N]``)
-ROLLOUT_INPUTS = ("authors", "rewards")
+# ones it reads (``authors [N, T]``: SENIOR, JUNIOR, PAD; ``rewards [N]``; ``stop_reasons [N]``)
+ROLLOUT_INPUTS = ("authors", "rewards", "stop_reasons")
 
 
 def build_metrics(spec: Mapping[str, str]) -> dict[str, Metric]:
@@ -53,6 +55,17 @@ def measure(metrics: Mapping[str, Metric], **inputs: Tensor) -> None:
     for metric in metrics.values():
         wanted = inspect.signature(metric.update).parameters
         metric.update(**{n: v for n, v in inputs.items() if n in wanted})
+
+
+def measure_rollouts(metrics: Mapping[str, Metric], rollouts: Any, rewards: Tensor) -> None:
+    """Feed one batch of rollouts (``tandem.engine.Rollouts``) and their ``rewards [N]`` to the
+    metrics a config lists: training's steps, validation's passes and the evaluation's alike."""
+    measure(
+        metrics,
+        authors=rollouts.authors.cpu(),
+        rewards=rewards.flatten().float().cpu(),
+        stop_reasons=rollouts.stop_reasons.cpu(),
+    )
 
 
 def values(metrics: Mapping[str, Metric]) -> dict[str, Tensor]:

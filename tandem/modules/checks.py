@@ -1,19 +1,26 @@
 """Fail closed: rollouts whose author mask cannot be trusted stop the run.
 
-A missing author mask once turned a tandem run into plain GRPO without anyone noticing. Here a
-tandem sampler whose batch of rollouts holds no junior token, or an author mask that does not
-fit the tokens, raises before any gradient is taken.
+A missing author mask once turned a tandem run into plain GRPO without anyone noticing. Here an
+author mask that does not fit the tokens raises before any gradient is taken, and so does a
+tandem batch with no junior token where the sampler's own rule, replayed on the batch's tokens
+(``Sampler.senior_only_logprob``), gives that less than a one-in-a-million chance: a schedule that
+may legitimately keep the junior out (alternation at step ends the senior never writes, a coin
+on few short rows) runs on, and a false stop comes at most once in a million batches.
 
 What this file leaves out: config checks made before anything loads (``tandem.config``).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
 from tandem.engine import JUNIOR, PAD, SENIOR, Rollouts
+
+#: A tandem batch with no junior token stops the run when its rule gives that less chance.
+NO_JUNIOR_ODDS = 1e-6
 
 
 class AuthorMaskError(RuntimeError):
@@ -43,23 +50,14 @@ def check_rollouts(rollouts: Rollouts, sampler: Any) -> None:
             "author mask and lengths disagree: PAD must mark exactly the positions past each "
             "row's length. The rollouts are misaligned; refusing to train on them."
         )
-    if expects_junior(sampler) and not bool((authors == JUNIOR).any()):
+    if getattr(sampler, "solo", True) or bool((authors == JUNIOR).any()):
+        return
+    logprob = sampler.senior_only_logprob(rollouts.prompt_tokens[:, -1], tokens, rollouts.lengths)
+    if logprob < math.log(NO_JUNIOR_ODDS):
+        odds = "no chance" if logprob == float("-inf") else f"a chance of e^{logprob:.0f}"
         raise AuthorMaskError(
-            f"the {sampler.registry_name!r} sampler (p={getattr(sampler, 'p', None)}) should let "
-            "the junior write, but no rollout in this batch holds a junior token. A tandem run "
-            "that silently trains as plain GRPO is worse than a stopped one: check that the "
-            "junior was loaded and passed to the engine, or use sampler=solo for GRPO."
+            f"the {sampler!r} sampler should let the junior write, but no rollout in this "
+            f"batch holds a junior token: its rule gives {odds} of that on these tokens. A "
+            "tandem run that silently trains as plain GRPO is worse than a stopped one: check "
+            "that the junior was loaded and passed to the engine, or use sampler=solo for GRPO."
         )
-
-
-def expects_junior(sampler: Any) -> bool:
-    """Whether a batch of this sampler's rollouts must hold junior tokens.
-
-    Schedules that alternate at step or sentence ends are exempt: there the senior *can* keep
-    the junior out by never ending a step (the loophole that ablation studies), which the
-    senior-share metric shows rather than a stopped run.
-    """
-    if getattr(sampler, "solo", True) or getattr(sampler, "alternate", False):
-        return False
-    p = getattr(sampler, "p", None)
-    return p is None or p < 1.0

@@ -55,7 +55,7 @@ from tandem.data.datamodule import PromptBatch
 from tandem.engine import JUNIOR, SENIOR, Rollouts, SamplingParams, StopReason, build_backend
 from tandem.engine.backend import TorchBackend
 from tandem.engine.cross import CrossRollouts
-from tandem.metrics.base import build_metrics, measure, values
+from tandem.metrics.base import build_metrics, measure_rollouts, values
 from tandem.metrics.per_byte import JuniorBytesCrossEntropy, byte_table
 from tandem.modules.checks import check_rollouts
 from tandem.modules.logprobs import (
@@ -511,8 +511,6 @@ class TandemGRPO(L.LightningModule):
             "train/reward": rewards.mean(),
             "train/reward_std": rewards.std() if rewards.numel() > 1 else torch.tensor(0.0),
             "train/zero_variance_groups": zero_variance_groups(rewards, g).float().mean(),
-            "train/response_length": rollouts.lengths.cpu().float().mean(),
-            "train/truncated": (rollouts.stop_reasons.cpu() == StopReason.LENGTH).float().mean(),
             **self.measure("train", rollouts, rewards),
             **{f"train/{k}": v for k, v in stats.items()},
             "train/lr": torch.tensor(self.optimizers().param_groups[0]["lr"]),
@@ -600,7 +598,7 @@ class TandemGRPO(L.LightningModule):
         """The configured metrics of one batch of rollouts, by ``<prefix>/<key>``; a metric
         that saw nothing it counts (NaN) is left out."""
         metrics = build_metrics(self.hparams.metrics or {})
-        measure(metrics, authors=rollouts.authors.cpu(), rewards=rewards.float())
+        measure_rollouts(metrics, rollouts, rewards)
         out = {f"{prefix}/{k}": v.float() for k, v in values(metrics).items()}
         return {k: v for k, v in out.items() if not v.isnan()}
 

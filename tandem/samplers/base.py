@@ -29,6 +29,7 @@ engine's).
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -135,6 +136,65 @@ class Sampler:
     def allowed(self, state: State) -> Tensor:
         """``[N, V]`` bool: what a retracted position may be redrawn from (see the module)."""
         raise NotImplementedError(f"{type(self).__name__} never retracts a token")
+
+    def senior_only_logprob(self, context: Tensor, tokens: Tensor, lengths: Tensor) -> float:
+        """The log-probability that this rule gives the senior every token of these rows, had
+        the senior written them all: ``-inf`` where the rule hands over for sure.
+
+        The check that a tandem batch holds junior tokens (``tandem.modules.checks``) reads it,
+        so that a batch with none stops a run only when the rule makes that all but impossible,
+        whatever the rule: a sampler defines it by its ``start`` and ``step`` alone.
+
+        The rule is replayed along the rows, each call probed with every coin at 0 and at
+        1 - 2^-24: where the probes agree, the author is certain; where one gives the senior and
+        the other the junior, a coin decided, and gave the senior with probability ``p`` (the
+        contract: a coin picks the senior with probability ``p``, as ``coin`` does); where both
+        give the junior, the rule hands over for sure. The replay follows the senior's probe. A
+        decision counts where it chooses the author of a token the row holds (a retraction
+        chooses the given token's, any other answer the next token's), until the schedule ends
+        (``Handoff.done``).
+
+        Args:
+            context: ``[N]`` each row's last prompt token.
+            tokens: ``[N, T]`` the response tokens.
+            lengths: ``[N]`` each row's real tokens.
+        """
+        device = tokens.device if self.bound is None else self.bound.special.device
+        context, tokens, lengths = context.to(device), tokens.to(device), lengths.to(device)
+        n, t = tokens.shape
+        low = torch.zeros(n, device=device)
+        high = torch.full((n,), 1.0 - 2.0**-24, device=device)
+        decisions = torch.zeros(n, dtype=torch.long, device=device)
+        impossible = torch.zeros(n, dtype=torch.bool, device=device)
+        live = lengths > 0  # [N] the row writes the token whose author is being decided
+        a, b = self.start(context, low), self.start(context, high)
+        b_author = b.author
+        for i in range(t):  # a and b say who writes token i
+            live &= i < lengths
+            if a.done is not None:
+                live &= ~a.done
+            if not bool(live.any()):
+                break
+            senior_a, senior_b = a.author == SENIOR, b_author == SENIOR
+            decisions += (live & (senior_a != senior_b)).long()
+            impossible |= live & ~senior_a & ~senior_b
+            # the senior's path: probe a where it gives the senior, else b
+            state = {k: torch.where(senior_a, v, b.state[k]) for k, v in a.state.items()}
+            a, b = self.step(state, tokens[:, i], low), self.step(state, tokens[:, i], high)
+            b_author = b.author
+            # a withdrawn token i (the onset rule): the coin decided token i, not token i + 1
+            if a.retract is not None:
+                impossible |= live & a.retract & (a.author != SENIOR)
+            if b.retract is not None:
+                took = b.retract & (b.author != SENIOR)
+                decisions += (live & took).long()
+                b_author = torch.where(took, a.author, b.author)
+        if bool(impossible.any()):
+            return float("-inf")
+        count = int(decisions.sum())
+        if count == 0:
+            return 0.0
+        return count * math.log(self.p) if self.p > 0 else float("-inf")
 
     def coin(self, coins: Tensor) -> Tensor:
         """``[N]`` authors: the senior where ``coins < p``."""

@@ -23,6 +23,7 @@ from tandem.engine.cache import (
     kv_chunk_rows,
     new_cache,
 )
+from tandem.engine.reader import Reader
 from tandem.samplers import WordSampler
 
 GiB = 2**30
@@ -64,7 +65,7 @@ def some_eos(senior, prompts) -> tuple[int, ...]:
     return tuple(sorted(t for t, rows in rows_with.items() if len(rows) <= 2)[:6])
 
 
-def assert_same(a, b, exact_logprobs: bool) -> None:
+def assert_same(a, b) -> None:
     for name in EXACT:
         assert torch.equal(getattr(a, name), getattr(b, name)), name
     assert a.texts == b.texts
@@ -73,12 +74,9 @@ def assert_same(a, b, exact_logprobs: bool) -> None:
         assert (x is None) == (y is None), name
         if x is None:
             continue
-        if exact_logprobs:
-            assert torch.equal(x, y), name
-        else:
-            # float32 rounding, within the tolerance the engine's log-probs keep against
-            # teacher forcing (tests/engine/test_generate.py)
-            assert torch.allclose(x, y, rtol=0, atol=1e-4), name
+        # float32 rounding, within the tolerance the engine's log-probs keep against teacher
+        # forcing (tests/engine/test_generate.py)
+        assert torch.allclose(x, y, rtol=0, atol=1e-4), name
 
 
 @pytest.mark.parametrize("tandem", [False, True], ids=["solo", "word"])
@@ -99,25 +97,40 @@ def test_passes_give_the_rollouts_of_one_pass(
         split = generate(senior, partner, prompts, sampler, small, tokenizer=tokenizer)
     assert "12 rows generated in 3 passes of at most 4 rows" in caplog.text
     # Passes of 4 rows run the matrix kernels on other batch sizes than one pass of 12 (and
-    # its compactions): this CPU's kernels round a row alike from four rows up only, so the
-    # last bits of a log-prob may differ (the next test holds the kernels' shapes alike).
-    assert_same(whole, split, exact_logprobs=False)
+    # its compactions), so the last bits of a log-prob may differ.
+    assert_same(whole, split)
     assert split.junior_mask.any() == tandem
 
 
-def test_passes_read_each_prompt_as_one_pass_would(senior, junior, prompts, tokenizer) -> None:
+def test_passes_read_each_prompt_as_one_pass_would(
+    senior, junior, prompts, tokenizer, monkeypatch
+) -> None:
     # 24 prompts, each 4 times in a row: one pass reads them in two prefill groups (16 prompts
-    # of width 63, 8 of width 72); passes of 8 read each prompt at its group's width too, so
-    # that with every kernel call on 4 rows or more (no EOS, so no compaction) the log-probs
-    # are bit for bit those of one pass. A pass reading its prompts at its own widest prompt's
-    # width would change them.
+    # of width 63, 8 of width 72). Passes of 8 must read each prompt at its group's width too
+    # (padding changes the last bits of attention's sums); a pass reading its prompts at its
+    # own widest prompt's width would not. Recorded at every prefill forward of either model:
+    # which prompt, at which width.
+    reads: list[tuple[str, tuple[int, ...], int]] = []
+    forward = Reader._forward
+
+    def recorded(self, ids, mask, positions, cache):
+        for row, keep in zip(ids.tolist(), mask.bool().tolist(), strict=True):
+            real = tuple(t for t, k in zip(row, keep, strict=True) if k)
+            reads.append(("senior" if self.model is senior else "junior", real, ids.shape[1]))
+        return forward(self, ids, mask, positions, cache)
+
+    monkeypatch.setattr(Reader, "_forward", recorded)
     many = [p for p in prompts for _ in range(4)]
     params = SamplingParams(max_new_tokens=16, seed=3, eos_token_ids=(), logprob_temperature=0.7)
     sampler = WordSampler(tokenizer, p=0.5)
     whole = generate(senior, junior, many, sampler, params, tokenizer=tokenizer)
+    whole_reads, reads[:] = sorted(reads, key=repr), []
+    assert len({w for *_, w in whole_reads}) == 2, "the prompts must span two prefill groups"
     small = dataclasses.replace(params, kv_cache_gib=budget_for(8, [senior, junior], many, params))
     split = generate(senior, junior, many, sampler, small, tokenizer=tokenizer)
-    assert_same(whole, split, exact_logprobs=True)
+    assert sorted(reads, key=repr) == whole_reads
+    # the kernels see other batch sizes in passes of 8: the last bits of a log-prob may differ
+    assert_same(whole, split)
 
 
 class CacheBytes:
@@ -225,7 +238,7 @@ def test_a_budget_too_small_for_one_prompt_group_is_refused(senior, prompts, tok
     assert f"one prompt's 4 rows of {max(len(p) for p in prompts)} prompt + 30 response" in message
     assert f"need {group:.3g} GiB on cpu" in message
     assert f"Raise generation.kv_cache_gib to at least {group:.3g}" in message
-    with pytest.raises(ValueError, match=r"kv_cache_gib \(0\) must be > 0"):
+    with pytest.raises(ValueError, match=r"kv_cache_gib \(0\) must be a number > 0"):
         SamplingParams(kv_cache_gib=0)
 
 
@@ -248,7 +261,7 @@ def test_processes_in_lockstep_make_as_many_passes(senior, junior, prompts, toke
     finally:
         for hook in hooks:
             hook.remove()
-    assert_same(alone, r, exact_logprobs=False)
+    assert_same(alone, r)
     assert other.passed[0] == 1 and other.prefills == 8
     # the senior: a prefill and 30 steps in each of the 8 passes; the junior: its own only
     own = [int(r.lengths[2 * i : 2 * i + 2].max()) for i in range(6)]

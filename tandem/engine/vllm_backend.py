@@ -25,16 +25,15 @@ process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (set here unless the environment s
 An FSDP-sharded senior's parameters are ``DTensor`` shards: ``load_weights`` gathers each whole
 (``full_tensor``) as vLLM reads it, one tensor at a time, so no rank holds a second full copy.
 
-What this file leaves out: tensor/pipeline parallel engines.
+What this file leaves out: a turn inside the engine (``tandem.engine.vllm_turns``: the logits
+processor and the schedule it steps) and tensor/pipeline parallel engines.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,138 +45,11 @@ from tandem.engine.backend import Weights
 from tandem.engine.base import JUNIOR, PAD, SENIOR, Rollouts, SamplingParams, StopReason
 from tandem.engine.draw import coin_generator
 from tandem.engine.layout import Prompts, decoded, eos_ids, finish, pad_id, padded
+from tandem.engine.vllm_turns import KEY, TURNS, Row, Turn, turn_processor
 from tandem.registry import BACKENDS
-from tandem.samplers.base import Sampler, State
+from tandem.samplers.base import Sampler
 
 log = logging.getLogger(__name__)
-
-# The turns in flight, by request key: the logits processor lives in this process and reads them.
-_TURNS: dict[str, _Turn] = {}
-_KEY = "tandem_turn"
-
-
-def _turn_processor() -> type:
-    """The vLLM logits processor class (built on first use: vLLM is imported lazily)."""
-    from vllm.v1.sample.logits_processor import LogitsProcessor, MoveDirectionality
-
-    class TurnProcessor(LogitsProcessor):
-        """Steps each turn request's sampler over its tokens; restricts its first token where
-        the turn opened on a retraction, and forces the stop token once the turn is over."""
-
-        def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
-            self.rows: dict[int, _Replay] = {}
-
-        def is_argmax_invariant(self) -> bool:
-            return False  # it restricts and stops, so it must run for greedy requests too
-
-        def update_state(self, batch_update: Any) -> None:
-            if batch_update is None:
-                return
-            for i in batch_update.removed:
-                self.rows.pop(i, None)
-            for i, params, _, output in batch_update.added:
-                key = (params.extra_args or {}).get(_KEY)
-                self.rows.pop(i, None)
-                if key is not None:
-                    # a copy: the backend replays the turn from its start once the request ends
-                    self.rows[i] = _Replay(dataclasses.replace(_TURNS[key]), output)
-            for a, b, how in batch_update.moved:
-                ra, rb = self.rows.pop(a, None), self.rows.pop(b, None)
-                if ra is not None:
-                    self.rows[b] = ra
-                if how == MoveDirectionality.SWAP and rb is not None:
-                    self.rows[a] = rb
-
-        def apply(self, logits: Tensor) -> Tensor:
-            for i, row in self.rows.items():
-                mask = row.advance(logits.shape[-1])
-                if mask is not None:
-                    logits[i].masked_fill_(~mask.to(logits.device), float("-inf"))
-            return logits
-
-    return TurnProcessor
-
-
-@dataclass
-class _Turn:
-    """One row's schedule from the start of a turn, advanced one token at a time.
-
-    Attributes:
-        sampler: the handoff sampler (its tables bound to the engine's vocabulary).
-        state: the sampler's state for this row, every value ``[1]``.
-        coins: ``[T, 2]`` the row's coins by response position (one per ``step`` call).
-        position: the response position of the next token.
-        retracted: the next token redraws a retracted position, from ``sampler.allowed``.
-        stop: the id the processor forces once the turn is over.
-        done: the sampler has ended the row (a cap on turns).
-    """
-
-    sampler: Sampler
-    state: State
-    coins: Tensor
-    position: int
-    retracted: bool = False
-    stop: int = 0
-    done: bool = False
-
-    def feed(self, token: int) -> tuple[bool, bool]:
-        """Step the sampler over the author's ``token``: whether it is kept, and whether the
-        author writes the next token too."""
-        author = int(self.state["author"])
-        coin = self.coins[self.position, int(self.retracted)].view(1)
-        handoff = self.sampler.step(self.state, torch.tensor([token]), coin)
-        self.state = handoff.state
-        self.retracted = handoff.retract is not None and bool(handoff.retract[0])
-        if self.retracted:
-            return False, False
-        self.position += 1
-        self.done = handoff.done is not None and bool(handoff.done[0])
-        return True, not self.done and int(self.state["author"]) == author
-
-    def allowed(self) -> Tensor | None:
-        """``[V]`` the tokens the turn's first token may be, or None for all."""
-        return self.sampler.allowed(self.state)[0] if self.retracted else None
-
-
-@dataclass
-class _Replay:
-    """A turn request inside the engine: feeds the author's tokens to its ``_Turn`` as they come."""
-
-    turn: _Turn
-    output: list[int]
-    fed: int = 0
-    ended: bool = False
-
-    def advance(self, vocab: int) -> Tensor | None:
-        """``[vocab]`` the tokens allowed next (``None``: all), after reading the tokens written
-        so far."""
-        first = self.turn.allowed() if not self.output else None
-        while not self.ended and self.fed < len(self.output):
-            self.ended = not self.turn.feed(self.output[self.fed])[1]
-            self.fed += 1
-        if self.ended:
-            only = torch.zeros(vocab, dtype=torch.bool)
-            only[self.turn.stop] = True
-            return only
-        return first
-
-
-@dataclass
-class _Row:
-    """One rollout in the making."""
-
-    context: list[int]  # prompt + response so far
-    prompt_length: int
-    turn: _Turn | None = None
-    tokens: list[int] = field(default_factory=list)
-    authors: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)  # the author's
-    requests: int = 0
-    stop: int | None = None
-
-    @property
-    def author(self) -> int:
-        return SENIOR if self.turn is None else int(self.turn.state["author"])
 
 
 @BACKENDS.register("vllm")
@@ -229,7 +101,7 @@ class VLLMBackend:
             seed=seed,
             max_model_len=max_model_len,
             enable_prefix_caching=True,
-            logits_processors=[_turn_processor()],
+            logits_processors=[turn_processor()],
             # no chunked prefill: a seeded request whose prompt is split has its sample
             # discarded, and vLLM 0.32 then rewinds its generator, which CPU generators refuse
             **({"enforce_eager": True, "enable_chunked_prefill": False} | (engine_args or {})),
@@ -307,7 +179,7 @@ class VLLMBackend:
         batch = Prompts.of(prompts, pad_id(eos, (self.tokenizer,)))
         width = batch.ids.shape[1]
         rows = [
-            _Row(ids[width - k :].tolist(), k)
+            Row(ids[width - k :].tolist(), k)
             for ids, k in zip(batch.ids, batch.lengths.tolist(), strict=True)
             for _ in range(g)
         ]
@@ -326,7 +198,7 @@ class VLLMBackend:
         return self._rollouts(rows, batch, g, eos, senior_lps, junior_lps)
 
     def _request(
-        self, row: _Row, index: int, params: SamplingParams, eos, key=None, stop=None
+        self, row: Row, index: int, params: SamplingParams, eos, key=None, stop=None
     ) -> Any:
         from vllm import SamplingParams as VSamplingParams
 
@@ -344,21 +216,21 @@ class VLLMBackend:
             stop_token_ids=list(eos) + ([stop] if key is not None else []),
             ignore_eos=True,  # the stop ids above are the only EOS, as in the torch engine
             detokenize=False,
-            extra_args=None if key is None else {_KEY: key},
+            extra_args=None if key is None else {KEY: key},
         )
 
-    def _run(self, engine: Any, rows: list[_Row], sampling: list[Any]) -> list[Any]:
+    def _run(self, engine: Any, rows: list[Row], sampling: list[Any]) -> list[Any]:
         prompts = [{"prompt_token_ids": r.context} for r in rows]
         return [o.outputs[0] for o in engine.generate(prompts, sampling, use_tqdm=False)]
 
-    def _solo(self, rows: list[_Row], params: SamplingParams, eos: tuple[int, ...]) -> None:
+    def _solo(self, rows: list[Row], params: SamplingParams, eos: tuple[int, ...]) -> None:
         sampling = [self._request(r, i, params, eos) for i, r in enumerate(rows)]
         for row, out in zip(rows, self._run(self.senior, rows, sampling), strict=True):
             for token, lp in zip(out.token_ids, _sampled(out), strict=True):
                 if self._emit(row, token, lp, SENIOR, params, eos):
                     break
 
-    def _tandem(self, rows: list[_Row], sampler: Sampler, params: SamplingParams, eos) -> None:
+    def _tandem(self, rows: list[Row], sampler: Sampler, params: SamplingParams, eos) -> None:
         tables = sampler.tables
         sampler.bind(self.vocab if tables is None else max(self.vocab, tables.size), "cpu")
         stop = eos[0] if eos else int(self.tokenizer.pad_token_id or 0)
@@ -370,7 +242,7 @@ class VLLMBackend:
         coins = torch.rand(n, most, 2, generator=gen)  # [N, T, 2]
         for i, row in enumerate(rows):
             state = {k: v[i : i + 1] for k, v in first.state.items()}
-            row.turn = _Turn(sampler, state, coins[i], 0, stop=stop)
+            row.turn = Turn(sampler, state, coins[i], 0, stop=stop)
         keys = [f"{id(rows)}:{i}" for i in range(n)]
         try:
             live = list(enumerate(rows))
@@ -380,7 +252,7 @@ class VLLMBackend:
                     if not mine:
                         continue
                     for i, r in mine:
-                        _TURNS[keys[i]] = r.turn
+                        TURNS[keys[i]] = r.turn
                     sampling = [self._request(r, i, params, eos, keys[i], stop) for i, r in mine]
                     outs = self._run(engine, [r for _, r in mine], sampling)
                     for (_, row), out in zip(mine, outs, strict=True):
@@ -388,9 +260,9 @@ class VLLMBackend:
                 live = [(i, r) for i, r in live if r.stop is None]
         finally:
             for key in keys:
-                _TURNS.pop(key, None)
+                TURNS.pop(key, None)
 
-    def _turn(self, row: _Row, out: Any, params: SamplingParams, eos) -> None:
+    def _turn(self, row: Row, out: Any, params: SamplingParams, eos) -> None:
         """Replay the turn over the author's output: keep its tokens up to the handover."""
         for token, lp in zip(out.token_ids, _sampled(out), strict=True):
             author = row.author
@@ -403,7 +275,7 @@ class VLLMBackend:
                 return
         # the request stopped with the turn still on (a natural stop id): the author goes on
 
-    def _emit(self, row: _Row, token: int, lp: float, author: int, params, eos) -> bool:
+    def _emit(self, row: Row, token: int, lp: float, author: int, params, eos) -> bool:
         """Append one token; True when the row is finished."""
         row.tokens.append(token)
         row.authors.append(author)
@@ -415,7 +287,7 @@ class VLLMBackend:
             row.stop = StopReason.LENGTH
         return row.stop is not None
 
-    def _forced(self, engine: Any, rows: list[_Row], code: int) -> list[list[float]]:
+    def _forced(self, engine: Any, rows: list[Row], code: int) -> list[list[float]]:
         """Each response token's raw log-prob under ``engine``'s model (teacher-forced where
         another model wrote it, the sampled value where this one did)."""
         from vllm import SamplingParams as VSamplingParams

@@ -17,7 +17,8 @@ import torch
 
 from tandem.engine import SamplingParams, TorchBackend, build_backend
 from tandem.engine import backend as backend_module
-from tandem.engine.vllm_backend import VLLMBackend, _Replay, _Row, _Turn
+from tandem.engine.vllm_backend import VLLMBackend
+from tandem.engine.vllm_turns import Replay, Row, Turn
 from tandem.samplers import SENIOR, StepSampler, TokenSampler, WordSampler
 
 
@@ -44,11 +45,11 @@ def in_turns(sampler, context: int, script: list[int], coins, first_coin, vocab:
     processor ends its turn, and the backend's replay keeps what the turn holds."""
     backend = object.__new__(VLLMBackend)  # only its replay, no engine
     handoff = sampler.start(torch.tensor([context]), first_coin.view(1))
-    row = _Row([context], 1, turn=_Turn(sampler, handoff.state, coins, 0, stop=0))
+    row = Row([context], 1, turn=Turn(sampler, handoff.state, coins, 0, stop=0))
     params, used, requests = SamplingParams(max_new_tokens=len(script), eos_token_ids=()), 0, 0
     while row.stop is None and used < len(script):
         output: list[int] = []  # what the engine writes, read by the processor as it grows
-        replay = _Replay(_Turn(**vars(row.turn)), output)
+        replay = Replay(Turn(**vars(row.turn)), output)
         for token in script[used:]:
             replay.advance(vocab)
             if replay.ended:

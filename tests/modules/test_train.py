@@ -315,9 +315,12 @@ def test_resume_honours_a_new_lr_and_refuses_a_change_of_meaning(tmp_path: Path)
 def test_a_metric_removed_from_the_config_is_not_logged_and_nothing_asks_for_it(
     tmp_path: Path,
 ) -> None:
-    run(config(tmp_path, "trainer.max_steps=1", "~metrics.senior_share"))
+    gone = ("~metrics.senior_share", "~metrics.response_length", "~metrics.truncated")
+    run(config(tmp_path, "trainer.max_steps=1", *gone))
     (row,) = [r for r in metrics_rows(tmp_path) if r.get("train/reward")]
-    assert "train/senior_share" not in row and "train/handoffs_per_rollout" in row
+    for key in ("senior_share", "response_length", "truncated"):
+        assert f"train/{key}" not in row and f"val/tandem/{key}" not in row, key
+    assert "train/handoffs_per_rollout" in row
 
 
 @pytest.mark.parametrize("top_p", [None, 0.95])

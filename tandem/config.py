@@ -448,8 +448,9 @@ SAMPLING_FROM_RUN = {
     "validation.top_p": "top_p",
     "module.logprob_temperature": "logprob_temperature",
 }
-# what null means for a key that becomes a SamplingParams field; for validation.top_p, which
-# SamplingParams would not take as None, the rollouts' value is used
+# what null means for a key that becomes a SamplingParams field: a value of the run's own, so
+# null is always taken (validation.top_p's, which SamplingParams would not take as None, is the
+# rollouts' value by then)
 NULL_MEANS = {
     "validation.top_p": "the rollouts' generation.top_p",
     "module.logprob_temperature": "the rollouts' generation.temperature",
@@ -466,7 +467,7 @@ def _check_sampling(problems: list[str], c: dict) -> None:
         present, value = _lookup(c, key)
         if not present or (isinstance(value, str) and value.startswith("${")):
             continue  # absent: the default; an interpolation: checked resolved
-        if value is None and key == "validation.top_p":
+        if value is None and key in NULL_MEANS:
             continue
         for problem in params.problems({field: value}, prefix=key[: -len(field)], none="null"):
             meaning = f" (null: {NULL_MEANS[key]})" if key in NULL_MEANS else ""

@@ -22,11 +22,12 @@ import tandem.rewards
 import tandem.samplers
 from tandem.assets import TINY_BPE_SMALL, TINY_WORLD
 from tandem.config import ConfigError, validate_train_config
-from tandem.engine import JUNIOR, SENIOR, Rollouts, SamplingParams, generate
+from tandem.engine import JUNIOR, SENIOR, SamplingParams, generate
 from tandem.evaluate import run as evaluate
 from tandem.modules.checks import AuthorMaskError, check_rollouts
 from tandem.registry import METRICS, REWARDS, SAMPLERS
 from tandem.train import run
+from tests.modules.test_checks import senior_wrote
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r'```(?:python|yaml) title="([^"]+)"\n(.*?)```', re.S)
@@ -116,27 +117,11 @@ def test_a_sampler_that_may_keep_the_junior_out_runs_on(examples, tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(TINY_WORLD)
     line = SAMPLERS.build("line", tokenizer=tokenizer, p=0.5)
 
-    def senior_only(text: str, rows: int) -> Rollouts:
-        ids = torch.tensor([tokenizer.encode(text, add_special_tokens=False)] * rows)
-        n, t = ids.shape
-        return Rollouts(
-            tokens=ids,
-            authors=torch.full((n, t), SENIOR),
-            senior_logprobs=torch.zeros(n, t),
-            junior_logprobs=torch.zeros(n, t),
-            lengths=torch.full((n,), t),
-            stop_reasons=torch.zeros(n, dtype=torch.long),
-            prompt_tokens=torch.tensor(tokenizer.encode("\n") * 2).expand(n, -1),
-            prompt_lengths=torch.full((n,), 2),
-            prompt_index=torch.arange(n),
-            pad_token_id=0,
-        )
-
     # 4 rows of one line: 4 coins, all the senior's one time in 16: the run goes on
-    check_rollouts(senior_only("2 + 3 = 5", rows=4), line)
+    check_rollouts(senior_wrote(tokenizer, "2 + 3 = 5", rows=4), line)
     # 8 rows of 4 lines: 32 coins all the senior's is a junior that never wrote
     with pytest.raises(AuthorMaskError, match="no rollout in this batch holds a junior token"):
-        check_rollouts(senior_only("1\n2\n3\n4", rows=8), line)
+        check_rollouts(senior_wrote(tokenizer, "1\n2\n3\n4", rows=8), line)
     # trained with the senior's coin at 0.99 on short rollouts, most batches hold no junior
     # token, and the run goes on
     out = tmp_path / "line"

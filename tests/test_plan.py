@@ -166,6 +166,29 @@ def test_the_paper_layout_fits_two_80_gib_cards_with_two_kv_passes(qwen3_4b: str
         assert d.peak_phase == "rollout"
 
 
+VLLM = ("module.backend.name=vllm", "+module.backend.dtype=bfloat16")
+
+
+def test_a_vllm_engine_holds_its_share_of_the_device_in_every_phase(qwen3_4b: str) -> None:
+    share = "+module.backend.engine_args.gpu_memory_utilization=0.5"
+    plan = make_plan(paper(qwen3_4b, *VLLM, share), devices=devices(2, 80))
+    assert plan.fits and not plan.problems
+    first = plan.devices[0]
+    for phase, terms in first.phases.items():
+        assert terms["vllm_engine"] == int(0.5 * 80 * GiB), phase
+    assert not any(k.startswith("kv_cache") for t in first.phases.values() for k in t)
+    # both bf16 models (15.0 GiB) leave 25 GiB, 22 rows of 4,024 positions of both KV caches
+    per_row = 2 * KV_BF16 * 4024
+    rows = (int(0.5 * 80 * GiB) - 2 * 4_022_468_096 * 2) // per_row
+    assert any(f"the KV of {rows} of this process's 128 rows" in n for n in plan.notes), plan.notes
+    # a share too small for both models' weights is refused, naming the key
+    small = make_plan(
+        paper(qwen3_4b, *VLLM, "+module.backend.engine_args.gpu_memory_utilization=0.15"),
+        devices=devices(2, 80),
+    )
+    assert any("gpu_memory_utilization" in p for p in small.problems), small.problems
+
+
 def test_the_fixes_a_plan_names_fit_when_composed(qwen3_4b: str) -> None:
     plan = make_plan(paper(qwen3_4b, *SINGLE), devices=devices(2, 80))
     assert not plan.fits and plan.together is not None and plan.together.fits

@@ -45,11 +45,18 @@ from tandem.engine.backend import Weights
 from tandem.engine.base import JUNIOR, PAD, SENIOR, Rollouts, SamplingParams, StopReason
 from tandem.engine.draw import coin_generator
 from tandem.engine.layout import Prompts, decoded, eos_ids, finish, pad_id, padded
+from tandem.engine.vllm_pair import ARCHITECTURE, BOARDS, QuietJuniorReload, register
+from tandem.engine.vllm_pair import shape_mismatch as pair_mismatch
+from tandem.engine.vllm_pens import KEY as PEN
+from tandem.engine.vllm_pens import PENS, Pens, pen_processor
 from tandem.engine.vllm_turns import KEY, TURNS, Row, Turn, turn_processor
 from tandem.registry import BACKENDS
 from tandem.samplers.base import Sampler
 
 log = logging.getLogger(__name__)
+
+
+ENGINES = ("auto", "pair", "turns")
 
 
 @BACKENDS.register("vllm")
@@ -67,6 +74,9 @@ class VLLMBackend:
         kv_cache_gib: KV cache per engine on CPU (``VLLM_CPU_KVCACHE_SPACE``).
         sync_every: ``sync`` loads the senior's weights every this many training steps
             (batches of rollouts).
+        engine: ``"pair"`` (both models in one engine, ``tandem.engine.vllm_pair``),
+            ``"turns"`` (two engines, in turns) or ``"auto"`` (the pair where the two models'
+            configs agree on their shapes, else turns, saying why).
         engine_args: more ``vllm.LLM`` arguments (e.g. ``gpu_memory_utilization``).
     """
 
@@ -81,10 +91,16 @@ class VLLMBackend:
         max_model_len: int | None = None,
         kv_cache_gib: float = 1.0,
         sync_every: int = 1,
+        engine: str = "auto",
         engine_args: dict[str, Any] | None = None,
     ) -> None:
         if sync_every < 1:
             raise ValueError(f"sync_every ({sync_every}) must be >= 1 training step.")
+        if engine not in ENGINES:
+            raise ValueError(
+                f"engine ({engine!r}) must be one of {ENGINES}: 'pair' runs senior and junior in "
+                "one vLLM engine, 'turns' in two, 'auto' picks the pair where it can."
+            )
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_gib))))
         if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":
@@ -106,11 +122,15 @@ class VLLMBackend:
             # discarded, and vLLM 0.32 then rewinds its generator, which CPU generators refuse
             **({"enforce_eager": True, "enable_chunked_prefill": False} | (engine_args or {})),
         )
-        self.senior = self._engine(self.paths[0])
-        same = self.paths[1] == self.paths[0]
-        self.junior = self.senior if same else self._engine(self.paths[1]) if junior else None
-        self.vocab = self.senior.llm_engine.model_config.get_vocab_size()
         self.configs = _configs(self.paths[0])  # where the senior names its EOS ids
+        self.engine = None if junior is None else self._which(engine)
+        if self.engine == "pair":
+            self.senior = self.junior = self._pair()
+        else:
+            self.senior = self._engine(self.paths[0])
+            same = self.paths[1] == self.paths[0]
+            self.junior = self.senior if same else self._engine(self.paths[1]) if junior else None
+        self.vocab = self.senior.llm_engine.model_config.get_vocab_size()
 
     @classmethod
     def from_models(cls, senior: Any, junior: Any | None, tokenizer: Any, **options: Any):
@@ -128,16 +148,50 @@ class VLLMBackend:
 
         return LLM(model=path, **self.args)
 
+    def _which(self, engine: str) -> str:
+        """``pair`` or ``turns``: ``engine``, checked against the two models' configs."""
+        mismatch = pair_mismatch(self.configs[-1].to_dict(), _configs(self.paths[1])[-1].to_dict())
+        if engine == "pair" and mismatch:
+            raise ValueError(
+                f"engine='pair' needs a senior and a junior of one shape, but their configs "
+                f"differ in {mismatch}. Use engine='turns' (two engines) or engine='auto'."
+            )
+        if engine == "auto" and mismatch:
+            log.info("vllm: two engines in turns, as the models differ in %s", mismatch)
+            return "turns"
+        return "pair" if engine == "auto" else engine
+
+    def _pair(self) -> Any:
+        """One engine holding both models (``tandem.engine.vllm_pair``)."""
+        from vllm import LLM
+
+        register()
+        self.board_key = f"{id(self)}"
+        overrides = {
+            "architectures": [ARCHITECTURE],
+            "tandem_architecture": self.configs[-1].architectures[0],
+            "tandem_junior": self.paths[1],
+            "tandem_board": self.board_key,
+        }
+        args = self.args | {"logits_processors": [pen_processor()], "async_scheduling": False}
+        return LLM(model=self.paths[0], hf_overrides=overrides, **args)
+
     # -- weights -----------------------------------------------------------------------------
     def load_weights(self, weights: Weights, step: int) -> None:
         """Load the senior's new weights (HF names) into the running senior engine."""
-        if self.junior is self.senior:  # the junior stays at the starting weights
-            self.junior = self._engine(self.paths[1])
+        if self.junior is self.senior and self.engine != "pair":
+            self.junior = self._engine(self.paths[1])  # the junior stays at the starting weights
         items = weights.items() if hasattr(weights, "items") else weights
         stream = ((name, full_tensor(t.detach())) for name, t in items)
-        self.senior.collective_rpc(
-            "reload_weights", kwargs={"weights_iterator": stream, "is_checkpoint_format": True}
-        )
+        quiet = QuietJuniorReload()  # the pair's junior layers are left alone by design
+        layerwise = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+        layerwise.addFilter(quiet)
+        try:
+            self.senior.collective_rpc(
+                "reload_weights", kwargs={"weights_iterator": stream, "is_checkpoint_format": True}
+            )
+        finally:
+            layerwise.removeFilter(quiet)
         self.senior.reset_prefix_cache()  # cached KV was computed by the old weights
         self.weights_step = step
 
@@ -189,6 +243,9 @@ class VLLMBackend:
             self.weights_step,
             "" if solo else f", tandem with {sampler!r}",
         )
+        if self.engine == "pair":
+            junior_lps = self._pair_generate(rows, None if solo else sampler, params, eos)
+            return self._rollouts(rows, batch, g, eos, None, junior_lps if reads else None)
         if solo:
             self._solo(rows, params, eos)
         else:
@@ -197,8 +254,47 @@ class VLLMBackend:
         senior_lps = self._forced(self.senior, rows, SENIOR) if not solo else None
         return self._rollouts(rows, batch, g, eos, senior_lps, junior_lps)
 
+    def _pair_generate(self, rows: list[Row], sampler: Sampler | None, params, eos):
+        """Every row in one ``generate`` call of the pair engine; fills ``rows`` with their
+        tokens, authors and senior log-probs, and returns the junior's log-probs."""
+        if sampler is not None:
+            tables = sampler.tables
+            sampler.bind(self.vocab if tables is None else max(self.vocab, tables.size), "cpu")
+        stop = eos[0] if eos else int(self.tokenizer.pad_token_id or 0)
+        context = torch.tensor([r.context[-1] for r in rows])  # [N]
+        most = max(params.budget(r.prompt_length) for r in rows)
+        pens = Pens(sampler, params, context, most, stop)
+        key = f"{id(pens)}"
+        PENS[key] = pens
+        try:
+            sampling = [
+                self._request(r, i, params, eos, f"{key}:{i}", stop, extra=PEN)
+                for i, r in enumerate(rows)
+            ]
+            outs = self._run(self.senior, rows, sampling)
+            pens.read(BOARDS[self.board_key], list(range(len(rows))))  # the last step's tokens
+        finally:
+            PENS.pop(key, None)
+        self.resumed = pens.resumed
+        junior = []
+        for i, (row, out) in enumerate(zip(rows, outs, strict=True)):
+            written = pens.written[i]
+            if [w[0] for w in written] != list(out.token_ids):
+                raise RuntimeError(
+                    f"row {i}: the pen read {len(written)} tokens where vLLM returned "
+                    f"{len(out.token_ids)}; the pair engine lost track of a request"
+                )
+            junior.append([])
+            for token, author, senior_lp, junior_lp in written[: pens.cut[i]]:
+                junior[-1].append(junior_lp)
+                if self._emit(row, token, senior_lp, author, params, eos):
+                    break
+            if row.stop is None:
+                row.stop = StopReason.LENGTH  # the schedule's own end: a cap on turns
+        return junior
+
     def _request(
-        self, row: Row, index: int, params: SamplingParams, eos, key=None, stop=None
+        self, row: Row, index: int, params: SamplingParams, eos, key=None, stop=None, extra=KEY
     ) -> Any:
         from vllm import SamplingParams as VSamplingParams
 
@@ -212,11 +308,11 @@ class VLLMBackend:
             top_p=params.top_p,
             top_k=params.top_k,
             seed=_mix(params.seed, index, row.requests),
-            logprobs=0,
+            logprobs=None if extra == PEN else 0,  # the pen records both models' own
             stop_token_ids=list(eos) + ([stop] if key is not None else []),
             ignore_eos=True,  # the stop ids above are the only EOS, as in the torch engine
             detokenize=False,
-            extra_args=None if key is None else {KEY: key},
+            extra_args=None if key is None else {extra: key},
         )
 
     def _run(self, engine: Any, rows: list[Row], sampling: list[Any]) -> list[Any]:

@@ -19,8 +19,11 @@ Phases (what is alive at the worst moment of each):
 The formulas of the forwards, backwards and rollouts are in ``tandem.plan.activations``, with
 what was measured of each; ``benchmarks/plan_memory.py`` holds them to real training steps.
 
-Not counted: vLLM's own memory (``module.backend.name=vllm``), validation rollouts (fewer rows
-than training ones), the allocator's fragmentation (``MARGIN`` of each device is kept for it).
+With ``module.backend.name=vllm`` the torch engine's rollout terms give way to vLLM's engine:
+``gpu_memory_utilization`` of the senior's device, held in every phase (``_vllm_engine``).
+
+Not counted: validation rollouts (fewer rows than training ones), the allocator's
+fragmentation (``MARGIN`` of each device is kept for it).
 
 What this file leaves out: reading the config (``tandem.plan.settings``), fixes and reports.
 """
@@ -148,11 +151,8 @@ def plan_memory(s: Settings, devices: Sequence[tuple[str, int]]) -> Plan:
                 for phase in per_rank:
                     bucket = totals[index].setdefault(phase, {})
                     bucket["runtime"] = bucket.get("runtime", 0) + RUNTIME_BYTES
-    if s.backend != "torch":
-        notes.append(
-            f"module.backend.name={s.backend}: its engine's own memory is not planned here; the "
-            "torch engine's rollout is counted in its place."
-        )
+    if s.backend == "vllm":
+        _vllm_engine(s, devices, totals, problems, notes)
     if _offloaded(s):
         host = math.ceil(s.senior.params / s.shards) * s.weight_bytes * (2 + s.optimizer_states)
         notes.append(f"cpu_offload: {host / GiB:.1f} GiB of shards per process in host memory.")
@@ -163,6 +163,42 @@ def plan_memory(s: Settings, devices: Sequence[tuple[str, int]]) -> Plan:
         for (name, capacity), phases in zip(devices, totals, strict=True)
     )
     return Plan(s, plans, tuple(dict.fromkeys(problems)), tuple(dict.fromkeys(notes)))
+
+
+def _vllm_engine(s: Settings, devices, totals, problems: list[str], notes: list[str]) -> None:
+    """vLLM's engine beside the trainer, one per process on its device: it takes
+    ``gpu_memory_utilization`` of the device when it starts and keeps it through every phase;
+    the pair engine (``tandem.engine.vllm_pair``) holds both models' weights in it, and the
+    rest is KV cache, each position holding both models' keys and values."""
+    if s.accelerator != "gpu":
+        notes.append(
+            "module.backend.name=vllm on the CPU: its KV cache is VLLM_CPU_KVCACHE_SPACE "
+            "(the backend's kv_cache_gib) of host memory, not planned here."
+        )
+        return
+    weight = 2 if s.vllm_dtype in ("bfloat16", "float16") else 4
+    weights = (s.senior.params + s.junior.params) * weight
+    per_row = (s.senior.kv_bytes[s.vllm_dtype] + s.junior.kv_bytes[s.vllm_dtype]) * s.row_tokens
+    for rank in range(min(s.local_ranks, len(devices))):
+        name, capacity = devices[rank]
+        reserved = int(s.vllm_utilization * capacity)
+        for bucket in totals[rank].values():
+            bucket["vllm_engine"] = bucket.get("vllm_engine", 0) + reserved
+        rows = max(0, reserved - weights) // per_row
+        if rows < 1:
+            problems.append(
+                f"vLLM on {name} takes {s.vllm_utilization:g} of it ({reserved / GiB:.1f} GiB), "
+                f"which holds both models' weights ({weights / GiB:.1f} GiB) but not one row of "
+                f"{s.row_tokens} positions ({per_row / GiB:.2f} GiB of KV). Raise "
+                "module.backend.engine_args.gpu_memory_utilization."
+            )
+        else:
+            notes.append(
+                f"vLLM on {name}: {reserved / GiB:.1f} GiB (gpu_memory_utilization="
+                f"{s.vllm_utilization:g}) for both models' weights ({weights / GiB:.1f} GiB) and "
+                f"the KV of {min(rows, s.rows_per_rank)} of this process's {s.rows_per_rank} "
+                f"rows at once ({per_row / GiB:.2f} GiB a row); vLLM queues the rest."
+            )
 
 
 def _junior_index(
@@ -208,7 +244,8 @@ def rank_terms(
     """
     shared = shared_device(s) if shared is None else shared
     t, chunk = s.micro_tokens, s.logprob_chunk_tokens
-    rollout = _rollout(s, kv_free, shared)
+    # the vLLM backend's engine is planned apart (_vllm_engine), not the torch engine's rollout
+    rollout = _rollout(s, kv_free, shared) if s.backend != "vllm" else {}
     phases = {"rollout": {**_held(s), **_compute(s, "rollout"), **rollout}}
     if s.old_pass:
         cb, resid = s.compute_bytes, act.residual_bytes(s)

@@ -37,6 +37,7 @@ TERM_LABELS = {
     "backward": "backward working set",
     "step_temp": "AdamW step temporaries",
     "runtime": "runtime (CUDA, NCCL)",
+    "vllm_engine": "vLLM engine (both models, KV)",
 }
 
 
@@ -69,6 +70,8 @@ def describe(s: Settings) -> list[str]:
         if s.kv_cache_gib is None
         else f"KV budget {s.kv_cache_gib:g} GiB"
     )
+    if s.backend == "vllm":
+        kv = f"sampled by vLLM in {s.vllm_utilization:g} of the device, {s.vllm_dtype}"
     where = s.junior_device or "each process's device"
     return [
         f"senior {sen.architecture} ({sen.name}): {count(sen.params)} parameters, float32 "

@@ -90,6 +90,8 @@ class Settings:
     fast_draw: bool
     optimizer_states: int
     backend: str
+    vllm_utilization: float = 0.9
+    vllm_dtype: str = "float32"
     head_tokens: int | None = None
     read_tokens: int | None = None
 
@@ -111,7 +113,9 @@ class Settings:
         senior = model_shape(model["name_or_path"])
         junior = model_shape(model.get("junior_name_or_path") or model["name_or_path"])
         kl = float((module.get("loss") or {}).get("kl_beta", 0.0) or 0.0)
-        backend = (module.get("backend") or {}).get("name", "torch")
+        backend_spec = module.get("backend") or {}
+        backend = backend_spec.get("name", "torch")
+        engine_args = backend_spec.get("engine_args") or {}
         sampler = _plain(cfg, "sampler").get("name")
         max_new = int(generation["max_new_tokens"])
         old_pass = _old_pass(module.get("old_logprobs", "auto"), backend, model, precision)
@@ -147,6 +151,9 @@ class Settings:
             and not int(generation.get("top_k", 0) or 0),
             optimizer_states=_optimizer_states(module.get("optimizer") or {}),
             backend=backend,
+            # vLLM's default share of its device, and VLLMBackend's default dtype
+            vllm_utilization=float(engine_args.get("gpu_memory_utilization", 0.9)),
+            vllm_dtype=str(backend_spec.get("dtype", "float32")),
         )
 
     # -- what the formulas read ----------------------------------------------------------------

@@ -133,6 +133,14 @@ class Sampler:
         """Who writes after ``token`` (``[N]``, written by ``state["author"]``); pure."""
         raise NotImplementedError
 
+    def may_retract(self, state: State, coins: Tensor) -> Tensor:
+        """``[N]`` bool: rows where ``step(state, token, coins)`` could withdraw some token.
+
+        An engine that lets another library sample (the vLLM pair engine) draws the proposal
+        itself only on these rows and lets the library sample freely elsewhere, so it must
+        never say False where ``step`` could retract. The default: a rule that never does."""
+        return torch.zeros(coins.shape, dtype=torch.bool, device=coins.device)
+
     def allowed(self, state: State) -> Tensor:
         """``[N, V]`` bool: what a retracted position may be redrawn from (see the module)."""
         raise NotImplementedError(f"{type(self).__name__} never retracts a token")

@@ -145,6 +145,12 @@ class WordSampler(Sampler):
         new = {k: torch.where(retract, lost[k], v) for k, v in kept.items()}
         return Handoff(new, retract=retract)
 
+    def may_retract(self, state: State, coins: Tensor) -> Tensor:
+        # step withdraws an onset only where no coin fell yet and this coin names the other
+        if self.rule != "onset":
+            return torch.zeros_like(state["fresh"])
+        return ~state["fresh"] & (self.coin(coins) != state["author"])
+
     def allowed(self, state: State) -> Tensor:
         return self._candidates(self.bound, state["prev"])  # [N, V] the word onsets here
 

@@ -22,6 +22,14 @@ pytest.importorskip("vllm", reason="vLLM is not installed (see .ci/vllm)")
 
 # float32 on CPU: vLLM's kernels and Hugging Face's differ by rounding only
 TOLERANCE = 1e-3
+# Every engine a test starts lives to the end of the session: a vLLM engine that is garbage
+# collected tears down the process's distributed state, which the other engines still use.
+ALIVE: list[VLLMBackend] = []
+
+
+def kept(backend: VLLMBackend) -> VLLMBackend:
+    ALIVE.append(backend)
+    return backend
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +40,12 @@ def junior_folder(junior, tokenizer, tmp_path_factory):
     return str(folder)
 
 
-@pytest.fixture(scope="module")
-def backend(junior_folder, tokenizer):
-    return VLLMBackend("tiny", junior_folder, tokenizer, max_model_len=512)
+@pytest.fixture(scope="module", params=["pair", "turns"])
+def backend(request, junior_folder, tokenizer):
+    """Both tandem engines: one vLLM engine holding both models, and two engines in turns."""
+    return kept(
+        VLLMBackend("tiny", junior_folder, tokenizer, engine=request.param, max_model_len=512)
+    )
 
 
 def forced(model, r: Rollouts) -> torch.Tensor:
@@ -159,7 +170,7 @@ def test_step_alternation(backend, prompts, tokenizer):
 def test_weights_load_in_place(junior_folder, senior, junior, prompts, tokenizer):
     """New weights reach the running engine (not its prefix cache of the old ones), and the
     step they come from is what the backend reports."""
-    backend = VLLMBackend("tiny", None, tokenizer, max_model_len=512)
+    backend = kept(VLLMBackend("tiny", None, tokenizer, max_model_len=512))
     params = SamplingParams(max_new_tokens=12)
     before = backend.generate(prompts, None, params)
     assert backend.weights_step == -1

@@ -131,6 +131,7 @@ def measure(folder: str, batch: int, lengths: list[int], repeats: int, work: Pat
         for k, c in calls.items():
             row[f"{k}_generate_calls_per_batch"] = (c.count - before[k]) / repeats
         out[str(n)] = row
+        print(f"{Path(folder).name} {n}: {json.dumps(row)}", file=sys.stderr, flush=True)
     return out
 
 
@@ -139,12 +140,14 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small batch, short responses")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: default)")
     parser.add_argument("--repeats", type=int, default=None, help="timed runs per method")
+    parser.add_argument("--lengths", type=int, nargs="+", help="response lengths (tokens)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     batch = 16 if args.quick else 32
-    lengths = [32, 64] if args.quick else [64, 128, 256, 384]
+    lengths = args.lengths or ([32, 64] if args.quick else [64, 128, 256, 384])
     repeats = args.repeats or 1
+    longer = [] if args.quick or args.lengths else [512, 896]  # the Qwen-shaped model's 1,024
 
     import vllm
 
@@ -168,9 +171,7 @@ def main() -> None:
                 "tandem_sampler": "word, p=0.5, senior and junior the same weights",
             },
             "tiny_world": measure(str(TINY_WORLD), batch, lengths, repeats, work),
-            "qwen3_151k_vocab": measure(
-                str(qwen), batch, lengths + ([] if args.quick else [512, 896]), repeats, work
-            ),
+            "qwen3_151k_vocab": measure(str(qwen), batch, lengths + longer, repeats, work),
         }
     print(json.dumps(result, indent=2))
 

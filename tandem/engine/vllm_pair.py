@@ -33,6 +33,9 @@ from torch import Tensor
 from tandem.samplers.base import JUNIOR
 
 ARCHITECTURE = "TandemPairForCausalLM"
+TESTED = "0.32"  # the vLLM minor version the pair is tested with (.ci/vllm)
+_warned: set[str] = set()
+log = logging.getLogger(__name__)
 # What one engine's model and processor share, by the key in the engine's hf_overrides: both
 # live in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0).
 BOARDS: dict[str, Board] = {}
@@ -96,8 +99,20 @@ class Board:
 
 
 def register() -> None:
-    """Register the pair model with vLLM (idempotent)."""
+    """Register the pair model with vLLM (idempotent); says once where vLLM is not a version
+    the pair is tested with (``TESTED``)."""
+    import vllm
     from vllm import ModelRegistry
+
+    if not vllm.__version__.startswith(TESTED) and TESTED not in _warned:
+        _warned.add(TESTED)
+        log.warning(
+            "vLLM %s: the tandem pair engine is tested with vLLM %s. If rollouts look wrong, "
+            "run tests/engine/test_vllm_pair.py, or use module.backend.engine=turns (see "
+            "docs/vllm.md, 'When vLLM moves').",
+            vllm.__version__,
+            TESTED,
+        )
 
     if ARCHITECTURE not in ModelRegistry.get_supported_archs():
         ModelRegistry.register_model(ARCHITECTURE, "tandem.engine.vllm_pair:TandemPairForCausalLM")

@@ -216,3 +216,29 @@ def test_bad_arguments_are_named(tiny_tokenizer):
         TokenSampler(p=1.5)
     with pytest.raises(ValueError, match="tokenizer"):
         WordSampler(None)
+
+
+@pytest.mark.parametrize("rule", ["onset", "after_boundary"])
+def test_may_retract_is_exactly_where_some_token_would_be_withdrawn(rule, tiny_tokenizer):
+    """An engine that lets another library sample trusts ``may_retract``: where it says no, no
+    token of the vocabulary may be withdrawn; where it says yes, some token is."""
+    sampler = WordSampler(tiny_tokenizer, p=0.5, rule=rule, max_gap_tokens=3)
+    vocab = sampler.tables.size
+    g = torch.Generator().manual_seed(0)
+    n = 64
+    state = sampler.start(torch.randint(vocab, (n,), generator=g), torch.rand(n, generator=g)).state
+    checked = {True: 0, False: 0}
+    for _ in range(12):
+        coins = torch.rand(n, generator=g)
+        may = sampler.may_retract(state, coins)
+        for i in range(n):
+            every = {k: v[i].repeat(vocab) for k, v in state.items()}  # row i, each next token
+            h = sampler.step(every, torch.arange(vocab), coins[i].repeat(vocab))
+            withdrawn = h.retract is not None and bool(h.retract.any())
+            assert withdrawn == bool(may[i]), (rule, i)
+            checked[bool(may[i])] += 1
+        token = torch.randint(vocab, (n,), generator=g)
+        h = sampler.step(state, token, torch.rand(n, generator=g))
+        state = h.state
+    assert checked[False] > 0 and (checked[True] > 0 or rule == "after_boundary")
+    assert TokenSampler(p=0.5).may_retract({}, torch.rand(4)).sum() == 0

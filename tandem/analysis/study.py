@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import fcntl
 import json
 import logging
 import shutil
@@ -183,8 +184,21 @@ def evaluate(senior: str, out: Path, overrides: Sequence[str] = ()) -> dict[str,
     """``tandem.evaluate`` of ``senior`` into ``out``; reuses a finished ``results.json``.
 
     The evaluation writes to ``<out>.partial`` and is renamed to ``out`` only when whole, so a
-    killed study leaves no half-written results behind.
+    killed study leaves no half-written results behind. Two studies that need the same
+    evaluation (the base's, say) take turns on ``<out>.lock``: the second waits, then reads the
+    first one's results; a killed holder's lock goes with its process.
     """
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.with_name(out.name + ".lock"), "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("waiting for another study evaluating %s into %s", senior, out)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        return _evaluate_locked(senior, out, overrides)
+
+
+def _evaluate_locked(senior: str, out: Path, overrides: Sequence[str]) -> dict[str, Any]:
     done = out / "results.json"
     if done.is_file():
         return json.loads(done.read_text())
@@ -195,7 +209,7 @@ def evaluate(senior: str, out: Path, overrides: Sequence[str] = ()) -> dict[str,
     from tandem.evaluate import run as run_evaluation
 
     staging = out.with_name(out.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
+    shutil.rmtree(staging, ignore_errors=True)  # a killed evaluation's; no one else writes it
     with initialize_config_dir(str(CONF), version_base="1.3"):
         cfg = compose(
             "evaluate",

@@ -272,3 +272,32 @@ def test_the_comparison_can_be_left_out_from_the_command_line(tmp_path: Path, mo
         with pytest.raises(SystemExit):
             study.main(["--study", "notation", "--out", str(tmp_path / "p.md"), *flag])
         assert seen[-1] == want
+
+
+def test_a_second_study_waits_for_the_first_evaluation_and_reads_it(tmp_path: Path, monkeypatch):
+    """Two studies needing one evaluation (the base's): the second waits on its lock instead
+    of deleting the first one's work, then reads its results without evaluating again."""
+    import fcntl
+    import threading
+
+    import tandem.evaluate
+
+    calls = []
+    monkeypatch.setattr(tandem.evaluate, "run", lambda cfg: calls.append(cfg))
+    out = tmp_path / "eval_base"
+    partial = tmp_path / "eval_base.partial"
+    partial.mkdir()
+    (partial / "half.jsonl").write_text("the first study is writing this\n")
+    got = {}
+    with open(tmp_path / "eval_base.lock", "w") as first:  # the first study holds it
+        fcntl.flock(first, fcntl.LOCK_EX)
+        second = threading.Thread(target=lambda: got.update(study.evaluate("tiny", out)))
+        second.start()
+        second.join(timeout=1.0)
+        assert second.is_alive(), "the second study did not wait"
+        assert (partial / "half.jsonl").is_file(), "the second study deleted the first's work"
+        partial.rename(out)  # the first study finishes
+        (out / "results.json").write_text('{"macro": {"solo/pass@1": 0.25}}')
+    second.join(timeout=10.0)
+    assert not second.is_alive()
+    assert got["macro"]["solo/pass@1"] == 0.25 and calls == []

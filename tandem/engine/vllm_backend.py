@@ -1,20 +1,25 @@
-"""The vLLM backend: solo sampling at scale, and tandem generation through two vLLM engines.
+"""The vLLM backend: solo sampling at scale, and tandem generation in one or two vLLM engines.
 
 Solo: one request per rollout row (``samples_per_prompt`` rows share their prompt's prefix
 cache), the raw log-prob of each sampled token from vLLM (``logprobs_mode="raw_logprobs"``: the
 model's own log-softmax at temperature 1, before temperature, top-k/top-p and logits
 processors; the torch engine records the same quantity).
 
-Tandem: a senior engine and a junior engine over the same context, in turns. A turn is one
-request to its author's engine; a logits processor steps the handoff sampler over the author's
-tokens as they come (the sampler's own ``step``, on one row, with the row's coins: the schedule
-is defined once, in ``tandem.samplers``) and forces a stop token once the sampler hands the pen
-over; the backend replays the same steps over the output, with the same coins, and cuts it
-there. The next turn is a request to the other engine with the shared context as its prompt,
-which prefix caching makes cheap to re-read. Where the sampler retracts a token (the word
-sampler's ``onset`` rule), the next turn's first token is drawn from ``sampler.allowed``, as
-the torch engine's redraw is. Each token's log-prob under the model that did not write it comes
-from one teacher-forced pass (``prompt_logprobs``) per engine at the end.
+Tandem, ``engine="pair"`` (``auto`` where the two models share a shape): one engine holding
+both models (``tandem.engine.vllm_pair``), a batch in one ``generate`` call, the schedule
+stepped per row by the pen processor (``tandem.engine.vllm_pens``), which records each token's
+author and its log-probs under both models.
+
+Tandem, ``engine="turns"``: a senior engine and a junior engine over the same context, in turns.
+A turn is one request to its author's engine; a logits processor steps the handoff sampler over
+the author's tokens as they come (the sampler's own ``step``, on one row, with the row's coins:
+the schedule is defined once, in ``tandem.samplers``) and forces a stop token once the sampler
+hands the pen over; the backend replays the same steps over the output, with the same coins, and
+cuts it there. The next turn is a request to the other engine with the shared context as its
+prompt, which prefix caching makes cheap to re-read. Where the sampler retracts a token (the
+word sampler's ``onset`` rule), the next turn's first token is drawn from ``sampler.allowed``,
+as the torch engine's redraw is. Each token's log-prob under the model that did not write it
+comes from one teacher-forced pass (``prompt_logprobs``) per engine at the end.
 
 Weights: ``load_weights`` puts the senior's new weights into the running engine in-process
 (``LLM.collective_rpc("reload_weights", weights_iterator=...)``, then ``reset_prefix_cache`` so
@@ -43,13 +48,12 @@ from torch import Tensor
 from tandem.assets import resolve
 from tandem.engine.backend import Weights
 from tandem.engine.base import JUNIOR, PAD, SENIOR, Rollouts, SamplingParams, StopReason
-from tandem.engine.draw import coin_generator
 from tandem.engine.layout import Prompts, decoded, eos_ids, finish, pad_id, padded
 from tandem.engine.vllm_pair import ARCHITECTURE, BOARDS, QuietJuniorReload, register
 from tandem.engine.vllm_pair import shape_mismatch as pair_mismatch
 from tandem.engine.vllm_pens import KEY as PEN
-from tandem.engine.vllm_pens import PENS, Pens, pen_processor
-from tandem.engine.vllm_turns import KEY, TURNS, Row, Turn, turn_processor
+from tandem.engine.vllm_pens import pen_processor, run_pens
+from tandem.engine.vllm_turns import KEY, Row, run_turns, sampled, turn_processor
 from tandem.registry import BACKENDS
 from tandem.samplers.base import Sampler
 
@@ -112,6 +116,7 @@ class VLLMBackend:
         self.paths = (resolve(senior), None if junior is None else resolve(junior))
         self.tokenizer = tokenizer if tokenizer is not None else _tokenizer(self.paths[0])
         self.sync_every, self.weights_step = sync_every, -1
+        self.resumed = 0  # pair requests vLLM preempted and took back, in the last batch
         self.args = dict(
             dtype=dtype,
             seed=seed,
@@ -249,7 +254,7 @@ class VLLMBackend:
         if solo:
             self._solo(rows, params, eos)
         else:
-            self._tandem(rows, sampler, params, eos)
+            run_turns(self, rows, sampler, params, eos)
         junior_lps = self._forced(self.junior, rows, JUNIOR) if reads else None
         senior_lps = self._forced(self.senior, rows, SENIOR) if not solo else None
         return self._rollouts(rows, batch, g, eos, senior_lps, junior_lps)
@@ -261,31 +266,20 @@ class VLLMBackend:
             tables = sampler.tables
             sampler.bind(self.vocab if tables is None else max(self.vocab, tables.size), "cpu")
         stop = eos[0] if eos else int(self.tokenizer.pad_token_id or 0)
-        context = torch.tensor([r.context[-1] for r in rows])  # [N]
-        most = max(params.budget(r.prompt_length) for r in rows)
-        pens = Pens(sampler, params, context, most, stop)
-        key = f"{id(pens)}"
-        PENS[key] = pens
-        try:
-            sampling = [
-                self._request(r, i, params, eos, f"{key}:{i}", stop, extra=PEN)
-                for i, r in enumerate(rows)
-            ]
-            outs = self._run(self.senior, rows, sampling)
-            pens.read(BOARDS[self.board_key], list(range(len(rows))))  # the last step's tokens
-        finally:
-            PENS.pop(key, None)
+        pens = run_pens(
+            lambda sampling: self._run(self.senior, rows, sampling),
+            lambda i, key: self._request(rows[i], i, params, eos, key, stop, extra=PEN),
+            BOARDS[self.board_key],
+            rows,
+            sampler,
+            params,
+            stop,
+        )
         self.resumed = pens.resumed
         junior = []
-        for i, (row, out) in enumerate(zip(rows, outs, strict=True)):
-            written = pens.written[i]
-            if [w[0] for w in written] != list(out.token_ids):
-                raise RuntimeError(
-                    f"row {i}: the pen read {len(written)} tokens where vLLM returned "
-                    f"{len(out.token_ids)}; the pair engine lost track of a request"
-                )
+        for i, row in enumerate(rows):
             junior.append([])
-            for token, author, senior_lp, junior_lp in written[: pens.cut[i]]:
+            for token, author, senior_lp, junior_lp in pens.written[i][: pens.cut[i]]:
                 junior[-1].append(junior_lp)
                 if self._emit(row, token, senior_lp, author, params, eos):
                     break
@@ -322,54 +316,9 @@ class VLLMBackend:
     def _solo(self, rows: list[Row], params: SamplingParams, eos: tuple[int, ...]) -> None:
         sampling = [self._request(r, i, params, eos) for i, r in enumerate(rows)]
         for row, out in zip(rows, self._run(self.senior, rows, sampling), strict=True):
-            for token, lp in zip(out.token_ids, _sampled(out), strict=True):
+            for token, lp in zip(out.token_ids, sampled(out), strict=True):
                 if self._emit(row, token, lp, SENIOR, params, eos):
                     break
-
-    def _tandem(self, rows: list[Row], sampler: Sampler, params: SamplingParams, eos) -> None:
-        tables = sampler.tables
-        sampler.bind(self.vocab if tables is None else max(self.vocab, tables.size), "cpu")
-        stop = eos[0] if eos else int(self.tokenizer.pad_token_id or 0)
-        # the coins, drawn ahead: one at the start, then two per response position
-        gen = coin_generator(params.seed)
-        n, most = len(rows), max(params.budget(r.prompt_length) for r in rows)
-        context = torch.tensor([r.context[-1] for r in rows])  # [N]
-        first = sampler.start(context, torch.rand(n, generator=gen))
-        coins = torch.rand(n, most, 2, generator=gen)  # [N, T, 2]
-        for i, row in enumerate(rows):
-            state = {k: v[i : i + 1] for k, v in first.state.items()}
-            row.turn = Turn(sampler, state, coins[i], 0, stop=stop)
-        keys = [f"{id(rows)}:{i}" for i in range(n)]
-        try:
-            live = list(enumerate(rows))
-            while live:
-                for code, engine in ((SENIOR, self.senior), (JUNIOR, self.junior)):
-                    mine = [(i, r) for i, r in live if r.author == code and r.stop is None]
-                    if not mine:
-                        continue
-                    for i, r in mine:
-                        TURNS[keys[i]] = r.turn
-                    sampling = [self._request(r, i, params, eos, keys[i], stop) for i, r in mine]
-                    outs = self._run(engine, [r for _, r in mine], sampling)
-                    for (_, row), out in zip(mine, outs, strict=True):
-                        self._turn(row, out, params, eos)
-                live = [(i, r) for i, r in live if r.stop is None]
-        finally:
-            for key in keys:
-                TURNS.pop(key, None)
-
-    def _turn(self, row: Row, out: Any, params: SamplingParams, eos) -> None:
-        """Replay the turn over the author's output: keep its tokens up to the handover."""
-        for token, lp in zip(out.token_ids, _sampled(out), strict=True):
-            author = row.author
-            kept, goes_on = row.turn.feed(token)
-            if kept and self._emit(row, token, lp, author, params, eos):
-                return
-            if row.turn.done:
-                row.stop = StopReason.LENGTH  # the schedule's own end: a cap on turns
-            if not goes_on:
-                return
-        # the request stopped with the turn still on (a natural stop id): the author goes on
 
     def _emit(self, row: Row, token: int, lp: float, author: int, params, eos) -> bool:
         """Append one token; True when the row is finished."""
@@ -417,11 +366,6 @@ class VLLMBackend:
             pad_token_id=pad,
             texts=decoded(self.tokenizer, tokens, lengths),
         )
-
-
-def _sampled(out: Any) -> list[float]:
-    """The raw log-prob of each sampled token of a completion."""
-    return [d[t].logprob for t, d in zip(out.token_ids, out.logprobs, strict=True)]
 
 
 def _mix(seed: int, row: int, request: int) -> int:

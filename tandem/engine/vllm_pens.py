@@ -238,6 +238,29 @@ class Pens:
         self.outputs[row] = output
 
 
+def run_pens(run, request, board: Board, rows: list, sampler, params, stop: int) -> Pens:
+    """One batch through the pair engine: ``run(sampling)`` is one ``generate`` call of the
+    requests ``request(i, key)`` builds for each of ``rows``; the ``Pens`` that followed them,
+    checked against vLLM's outputs."""
+    context = torch.tensor([r.context[-1] for r in rows])  # [N]
+    most = max(params.budget(r.prompt_length) for r in rows)
+    pens = Pens(sampler, params, context, most, stop)
+    key = f"{id(pens)}"
+    PENS[key] = pens
+    try:
+        outs = run([request(i, f"{key}:{i}") for i in range(len(rows))])
+        pens.read(board, list(range(len(rows))))  # the last step's tokens
+    finally:
+        PENS.pop(key, None)
+    for i, out in enumerate(outs):
+        if [w[0] for w in pens.written[i]] != list(out.token_ids):
+            raise RuntimeError(
+                f"row {i}: the pen read {len(pens.written[i])} tokens where vLLM returned "
+                f"{len(out.token_ids)}; the pair engine lost track of a request"
+            )
+    return pens
+
+
 def pen_processor() -> type:
     """The vLLM logits processor class of the pair engine (vLLM is imported lazily)."""
     from vllm.v1.sample.logits_processor import LogitsProcessor, MoveDirectionality

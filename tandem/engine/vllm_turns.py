@@ -9,6 +9,8 @@ sampler hands the pen over. The schedule is the sampler's own ``step``, on one r
 row's coins by response position, so a request vLLM preempts and re-schedules replays the same
 coins.
 
+``run_turns`` drives a batch through the two engines, turn after turn.
+
 What this file leaves out: the requests, the engines and the rollouts (``tandem.engine
 .vllm_backend``).
 """
@@ -22,7 +24,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from tandem.samplers.base import SENIOR, Sampler, State
+from tandem.engine.base import StopReason
+from tandem.engine.draw import coin_generator
+from tandem.samplers.base import JUNIOR, SENIOR, Sampler, State
 
 # The turns in flight, by request key: the logits processor lives in this process and reads them.
 TURNS: dict[str, Turn] = {}
@@ -151,3 +155,57 @@ class Row:
     @property
     def author(self) -> int:
         return SENIOR if self.turn is None else int(self.turn.state["author"])
+
+
+def run_turns(backend: Any, rows: list[Row], sampler: Sampler, params: Any, eos) -> None:
+    """Tandem through ``backend``'s two engines in turns (``tandem.engine.vllm_backend``):
+    fills ``rows``."""
+    tables = sampler.tables
+    sampler.bind(backend.vocab if tables is None else max(backend.vocab, tables.size), "cpu")
+    stop = eos[0] if eos else int(backend.tokenizer.pad_token_id or 0)
+    # the coins, drawn ahead: one at the start, then two per response position
+    gen = coin_generator(params.seed)
+    n, most = len(rows), max(params.budget(r.prompt_length) for r in rows)
+    context = torch.tensor([r.context[-1] for r in rows])  # [N]
+    first = sampler.start(context, torch.rand(n, generator=gen))
+    coins = torch.rand(n, most, 2, generator=gen)  # [N, T, 2]
+    for i, row in enumerate(rows):
+        state = {k: v[i : i + 1] for k, v in first.state.items()}
+        row.turn = Turn(sampler, state, coins[i], 0, stop=stop)
+    keys = [f"{id(rows)}:{i}" for i in range(n)]
+    try:
+        live = list(enumerate(rows))
+        while live:
+            for code, engine in ((SENIOR, backend.senior), (JUNIOR, backend.junior)):
+                mine = [(i, r) for i, r in live if r.author == code and r.stop is None]
+                if not mine:
+                    continue
+                for i, r in mine:
+                    TURNS[keys[i]] = r.turn
+                sampling = [backend._request(r, i, params, eos, keys[i], stop) for i, r in mine]
+                outs = backend._run(engine, [r for _, r in mine], sampling)
+                for (_, row), out in zip(mine, outs, strict=True):
+                    keep_turn(backend, row, out, params, eos)
+            live = [(i, r) for i, r in live if r.stop is None]
+    finally:
+        for key in keys:
+            TURNS.pop(key, None)
+
+
+def keep_turn(backend: Any, row: Row, out: Any, params: Any, eos) -> None:
+    """Replay the turn over the author's output: keep its tokens up to the handover."""
+    for token, lp in zip(out.token_ids, sampled(out), strict=True):
+        author = row.author
+        kept, goes_on = row.turn.feed(token)
+        if kept and backend._emit(row, token, lp, author, params, eos):
+            return
+        if row.turn.done:
+            row.stop = StopReason.LENGTH  # the schedule's own end: a cap on turns
+        if not goes_on:
+            return
+    # the request stopped with the turn still on (a natural stop id): the author goes on
+
+
+def sampled(out: Any) -> list[float]:
+    """The raw log-prob of each sampled token of a completion."""
+    return [d[t].logprob for t, d in zip(out.token_ids, out.logprobs, strict=True)]

@@ -18,7 +18,7 @@ import torch
 from tandem.engine import SamplingParams, TorchBackend, build_backend
 from tandem.engine import backend as backend_module
 from tandem.engine.vllm_backend import VLLMBackend
-from tandem.engine.vllm_turns import Replay, Row, Turn
+from tandem.engine.vllm_turns import Replay, Row, Turn, keep_turn
 from tandem.samplers import SENIOR, StepSampler, TokenSampler, WordSampler
 
 
@@ -56,7 +56,7 @@ def in_turns(sampler, context: int, script: list[int], coins, first_coin, vocab:
                 break  # the processor forces the stop id here
             output.append(token)
         lps = [{t: SimpleNamespace(logprob=0.0)} for t in output]
-        backend._turn(row, SimpleNamespace(token_ids=output, logprobs=lps), params, ())
+        keep_turn(backend, row, SimpleNamespace(token_ids=output, logprobs=lps), params, ())
         used, requests = used + len(output), requests + 1
     return list(zip(row.tokens, row.authors, strict=True)), requests
 

@@ -84,6 +84,9 @@ class VLLMBackend:
         engine_args: more ``vllm.LLM`` arguments (e.g. ``gpu_memory_utilization``).
     """
 
+    #: the tandem engine built: "pair", "turns", or None (no junior)
+    engine: str | None = None
+
     def __init__(
         self,
         senior: str,
@@ -188,15 +191,18 @@ class VLLMBackend:
             self.junior = self._engine(self.paths[1])  # the junior stays at the starting weights
         items = weights.items() if hasattr(weights, "items") else weights
         stream = ((name, full_tensor(t.detach())) for name, t in items)
-        quiet = QuietJuniorReload()  # the pair's junior layers are left alone by design
+        # the pair's junior layers are left alone by design; a plain engine's warnings stay
+        quiet = QuietJuniorReload() if self.engine == "pair" else None
         layerwise = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
-        layerwise.addFilter(quiet)
+        if quiet is not None:
+            layerwise.addFilter(quiet)
         try:
             self.senior.collective_rpc(
                 "reload_weights", kwargs={"weights_iterator": stream, "is_checkpoint_format": True}
             )
         finally:
-            layerwise.removeFilter(quiet)
+            if quiet is not None:
+                layerwise.removeFilter(quiet)
         self.senior.reset_prefix_cache()  # cached KV was computed by the old weights
         self.weights_step = step
 
@@ -248,24 +254,25 @@ class VLLMBackend:
             self.weights_step,
             "" if solo else f", tandem with {sampler!r}",
         )
+        # the id forced where a schedule ends (a turn, a cap on turns), cut from the rows
+        stop = eos[0] if eos else int(self.tokenizer.pad_token_id or 0)
+        if not solo:
+            tables = sampler.tables
+            sampler.bind(self.vocab if tables is None else max(self.vocab, tables.size), "cpu")
         if self.engine == "pair":
-            junior_lps = self._pair_generate(rows, None if solo else sampler, params, eos)
+            junior_lps = self._pair_generate(rows, None if solo else sampler, params, eos, stop)
             return self._rollouts(rows, batch, g, eos, None, junior_lps if reads else None)
         if solo:
             self._solo(rows, params, eos)
         else:
-            run_turns(self, rows, sampler, params, eos)
+            run_turns(self, rows, sampler, params, eos, stop)
         junior_lps = self._forced(self.junior, rows, JUNIOR) if reads else None
         senior_lps = self._forced(self.senior, rows, SENIOR) if not solo else None
         return self._rollouts(rows, batch, g, eos, senior_lps, junior_lps)
 
-    def _pair_generate(self, rows: list[Row], sampler: Sampler | None, params, eos):
+    def _pair_generate(self, rows: list[Row], sampler: Sampler | None, params, eos, stop: int):
         """Every row in one ``generate`` call of the pair engine; fills ``rows`` with their
         tokens, authors and senior log-probs, and returns the junior's log-probs."""
-        if sampler is not None:
-            tables = sampler.tables
-            sampler.bind(self.vocab if tables is None else max(self.vocab, tables.size), "cpu")
-        stop = eos[0] if eos else int(self.tokenizer.pad_token_id or 0)
         pens = run_pens(
             lambda sampling: self._run(self.senior, rows, sampling),
             lambda i, key: self._request(rows[i], i, params, eos, key, stop, extra=PEN),

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -70,7 +70,6 @@ class Board:
     logits: tuple[Tensor, Tensor] | None = None
     lse: tuple[Tensor, Tensor] | None = None
     expect: int = 0
-    steps: int = field(default=0)
 
     def arm(self, authors: Tensor) -> None:
         self.authors, self.expect = authors, int(authors.shape[0])
@@ -80,7 +79,6 @@ class Board:
         if self.expect == 0 or senior.shape[0] != self.expect:
             return senior
         self.expect = 0
-        self.steps += 1
         both = (senior.float(), junior.float())
         self.logits = both
         self.lse = (torch.logsumexp(both[0], dim=-1), torch.logsumexp(both[1], dim=-1))

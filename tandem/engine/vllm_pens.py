@@ -38,6 +38,7 @@ from torch import Tensor
 from tandem.engine.base import SamplingParams
 from tandem.engine.draw import coin_generator, draw, score
 from tandem.engine.vllm_pair import BOARDS, Board
+from tandem.engine.vllm_turns import follow_batch
 from tandem.samplers.base import JUNIOR, SENIOR, Sampler
 
 # The batches in flight, by key: the processor lives in this process and reads them.
@@ -184,9 +185,10 @@ class Pens:
         at = torch.tensor(slots, dtype=torch.long, device=logits.device)
         ended = self.ended[ids]
         if bool(ended.any()):
-            only = torch.full_like(logits[at[ended.to(at.device)]], float("-inf"))
+            done = at[ended.to(at.device)]
+            only = torch.full_like(logits[done], float("-inf"))
             only[:, self.stop] = 0.0
-            logits[at[ended.to(at.device)]] = only
+            logits[done] = only
         if self.sampler is None:
             return
         coin = self.coins[ids, self.position[ids], self.retracted[ids].long()]
@@ -263,7 +265,7 @@ def run_pens(run, request, board: Board, rows: list, sampler, params, stop: int)
 
 def pen_processor() -> type:
     """The vLLM logits processor class of the pair engine (vLLM is imported lazily)."""
-    from vllm.v1.sample.logits_processor import LogitsProcessor, MoveDirectionality
+    from vllm.v1.sample.logits_processor import LogitsProcessor
 
     class PenProcessor(LogitsProcessor):
         """Maps the engine's batch rows to their ``Pens`` rows; see the module."""
@@ -295,22 +297,17 @@ def pen_processor() -> type:
 
         def _update(self, update: Any) -> None:
             self.size = update.batch_size
-            for i in update.removed:
-                self.rows.pop(i, None)
-            for i, params, _, output in update.added:
-                self.rows.pop(i, None)
-                key = (params.extra_args or {}).get(KEY)
-                if key is not None:  # "<batch key>:<row>"
-                    name, row = key.rsplit(":", 1)
-                    pens = PENS[name]
-                    pens.attach(int(row), output)
-                    self.rows[i] = (pens, int(row))
-            for a, b, how in update.moved:
-                ra, rb = self.rows.pop(a, None), self.rows.pop(b, None)
-                if ra is not None:
-                    self.rows[b] = ra
-                if how == MoveDirectionality.SWAP and rb is not None:
-                    self.rows[a] = rb
+            follow_batch(self.rows, update, self._take)
+
+        @staticmethod
+        def _take(params: Any, output: list[int]) -> tuple[Pens, int] | None:
+            key = (params.extra_args or {}).get(KEY)
+            if key is None:
+                return None
+            name, row = key.rsplit(":", 1)  # "<batch key>:<row>"
+            pens = PENS[name]
+            pens.attach(int(row), output)
+            return pens, int(row)
 
         def _groups(self) -> list[tuple[Pens, list[int], list[int]]]:
             groups: dict[int, tuple[Pens, list[int], list[int]]] = {}

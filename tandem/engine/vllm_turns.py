@@ -18,6 +18,7 @@ What this file leaves out: the requests, the engines and the rollouts (``tandem.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +36,7 @@ KEY = "tandem_turn"
 
 def turn_processor() -> type:
     """The vLLM logits processor class (built on first use: vLLM is imported lazily)."""
-    from vllm.v1.sample.logits_processor import LogitsProcessor, MoveDirectionality
+    from vllm.v1.sample.logits_processor import LogitsProcessor
 
     class TurnProcessor(LogitsProcessor):
         """Steps each turn request's sampler over its tokens; restricts its first token where
@@ -48,22 +49,16 @@ def turn_processor() -> type:
             return False  # it restricts and stops, so it must run for greedy requests too
 
         def update_state(self, batch_update: Any) -> None:
-            if batch_update is None:
-                return
-            for i in batch_update.removed:
-                self.rows.pop(i, None)
-            for i, params, _, output in batch_update.added:
-                key = (params.extra_args or {}).get(KEY)
-                self.rows.pop(i, None)
-                if key is not None:
-                    # a copy: the backend replays the turn from its start once the request ends
-                    self.rows[i] = Replay(dataclasses.replace(TURNS[key]), output)
-            for a, b, how in batch_update.moved:
-                ra, rb = self.rows.pop(a, None), self.rows.pop(b, None)
-                if ra is not None:
-                    self.rows[b] = ra
-                if how == MoveDirectionality.SWAP and rb is not None:
-                    self.rows[a] = rb
+            if batch_update is not None:
+                follow_batch(self.rows, batch_update, self._take)
+
+        @staticmethod
+        def _take(params: Any, output: list[int]) -> Replay | None:
+            key = (params.extra_args or {}).get(KEY)
+            if key is None:
+                return None
+            # a copy: the backend replays the turn from its start once the request ends
+            return Replay(dataclasses.replace(TURNS[key]), output)
 
         def apply(self, logits: Tensor) -> Tensor:
             for i, row in self.rows.items():
@@ -73,6 +68,27 @@ def turn_processor() -> type:
             return logits
 
     return TurnProcessor
+
+
+def follow_batch(rows: dict[int, Any], update: Any, take: Callable[[Any, list[int]], Any]) -> None:
+    """Apply one vLLM ``BatchUpdate`` to a processor's ``rows`` (batch row -> what it keeps
+    for that request), in the order vLLM defines: removed, added (``take(params, output)``:
+    what to keep, or None for a request the processor leaves alone), moved."""
+    from vllm.v1.sample.logits_processor import MoveDirectionality
+
+    for i in update.removed:
+        rows.pop(i, None)
+    for i, params, _, output in update.added:
+        rows.pop(i, None)
+        kept = take(params, output)
+        if kept is not None:
+            rows[i] = kept
+    for a, b, how in update.moved:
+        ra, rb = rows.pop(a, None), rows.pop(b, None)
+        if ra is not None:
+            rows[b] = ra
+        if how == MoveDirectionality.SWAP and rb is not None:
+            rows[a] = rb
 
 
 @dataclass
@@ -157,12 +173,9 @@ class Row:
         return SENIOR if self.turn is None else int(self.turn.state["author"])
 
 
-def run_turns(backend: Any, rows: list[Row], sampler: Sampler, params: Any, eos) -> None:
+def run_turns(backend: Any, rows: list[Row], sampler: Sampler, params: Any, eos, stop: int) -> None:
     """Tandem through ``backend``'s two engines in turns (``tandem.engine.vllm_backend``):
-    fills ``rows``."""
-    tables = sampler.tables
-    sampler.bind(backend.vocab if tables is None else max(backend.vocab, tables.size), "cpu")
-    stop = eos[0] if eos else int(backend.tokenizer.pad_token_id or 0)
+    fills ``rows``; ``stop`` is the id forced where a turn ends."""
     # the coins, drawn ahead: one at the start, then two per response position
     gen = coin_generator(params.seed)
     n, most = len(rows), max(params.budget(r.prompt_length) for r in rows)

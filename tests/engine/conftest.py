@@ -54,3 +54,12 @@ def prompts(tokenizer):
     ids = [tokenizer(format_prompt(tokenizer, r["prompt"]))["input_ids"] for r in rows]
     assert len({len(i) for i in ids}) > 2, "the prompts should be ragged"
     return ids
+
+
+@pytest.fixture(scope="session")
+def junior_folder(junior, tokenizer, tmp_path_factory):
+    """The junior saved as a model folder, for engines that load folders (vLLM)."""
+    folder = tmp_path_factory.mktemp("junior")
+    junior.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)

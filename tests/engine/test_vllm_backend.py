@@ -32,14 +32,6 @@ def kept(backend: VLLMBackend) -> VLLMBackend:
     return backend
 
 
-@pytest.fixture(scope="module")
-def junior_folder(junior, tokenizer, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("junior")
-    junior.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return str(folder)
-
-
 @pytest.fixture(scope="module", params=["pair", "turns"])
 def backend(request, junior_folder, tokenizer):
     """Both tandem engines: one vLLM engine holding both models, and two engines in turns."""

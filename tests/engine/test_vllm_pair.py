@@ -26,14 +26,6 @@ from tandem.engine.vllm_pens import coins
 
 
 @pytest.fixture(scope="module")
-def junior_folder(junior, tokenizer, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("junior")
-    junior.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return str(folder)
-
-
-@pytest.fixture(scope="module")
 def pair(junior_folder, tokenizer):
     return kept(VLLMBackend("tiny", junior_folder, tokenizer, engine="pair", max_model_len=512))
 

@@ -42,6 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tandem.plan", description=__doc__)
     parser.add_argument("--config-name", "-cn", default="train")
     parser.add_argument("--devices", default=None, help="COUNTxGIB, e.g. 2x80")
+    parser.add_argument(
+        "--host-gib",
+        type=float,
+        default=None,
+        help="the GPU machine's host memory, GiB (default: this machine's, without --devices)",
+    )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, as tandem.train takes")
     args = parser.parse_intermixed_args(argv)
     try:
@@ -59,7 +65,10 @@ def main(argv: list[str] | None = None) -> int:
                     "the config trains on GPUs and this machine has no CUDA: give the devices "
                     "to plan for, e.g. --devices 2x80."
                 )
-        plan = make_plan(cfg, devices=devices)
+        if args.host_gib is not None and not args.host_gib > 0:
+            raise ConfigError(f"--host-gib ({args.host_gib:g}) must be a size in GiB above 0.")
+        host = None if args.host_gib is None else int(args.host_gib * GiB)
+        plan = make_plan(cfg, devices=devices, host_bytes=host)
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
         return 2

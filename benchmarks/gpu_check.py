@@ -265,7 +265,8 @@ def launch(tmp: Path, name: str, args: argparse.Namespace, overrides: list[str],
     config_name, paper = how.get("config_name", "train"), how.get("paper", False)
     command = [sys.executable, __file__, "--steps", str(args.steps), "--worker", str(out)]
     command += ["--config-name", config_name] + (["--paper-worker"] if paper else [])
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
     start = time.perf_counter()
     done = subprocess.run([*command, *overrides], env=env, capture_output=True, text=True)
     seconds = round(time.perf_counter() - start, 1)

@@ -78,7 +78,7 @@ def worker(model: str, rows: int, tokens: int, steps: int, out: Path, extra: lis
     import tandem.modules.grpo as grpo
     import tandem.modules.logprobs as logprobs
     import tandem.train
-    from tandem.plan.devices import probe_cpu
+    from tandem.plan.probe import probe_cpu
 
     torch.set_num_threads(1)
     device = probe_cpu(1)

@@ -4,42 +4,25 @@ measured by a short probe.
 A ``Device`` answers how long a piece of work (``tandem.plan.work.Work``) takes on it:
 
 - a GPU: the larger of its arithmetic at the peak dense FLOP/s and its bytes at the memory
-  bandwidth (the roofline), each at the fraction of the peak large kernels reach
+  bandwidth (the roofline), each at the share of the peak large kernels reach
   (``COMPUTE_SHARE``, ``MEMORY_SHARE``); the host's dispatch of every eager op apart
   (``op_s``), which the caller sets against the device's time, since a GPU runs behind its host;
-- the CPU (one or ``threads`` cores doing both): the sum of its arithmetic, its memory traffic
-  (at the cache's rate for what fits in the last-level cache, else at memory's), its
-  exponentials, the first touch of freshly mapped memory and every op's dispatch. On one core
-  these do not overlap: a GEMM of Qwen's LM head (K = 128) at 16 rows takes the time of its
-  arithmetic plus that of streaming its packed weight panels, not the larger of the two.
+- the CPU: the sum of its arithmetic (attention's apart, at its own rate), its memory traffic
+  (at the cache's rate where an operation's working set fits this core's share of the
+  last-level cache, else at memory's), the GEMM weights it streams, its exponentials, the first
+  touch of freshly mapped memory, and every op's dispatch. On one core these do not overlap: a
+  GEMM of Qwen's LM head (K = 128) at 16 rows takes the time of its arithmetic plus that of
+  streaming its weight, not the larger of the two.
 
-The CPU's figures come from ``probe_cpu`` (seconds, cached per process and thread count):
-
-- ``flops``: a 1024 x 1024 x 1024 float32 matmul;
-- ``cache_bw`` / ``memory_bw``: bytes read and written per second by a copy of 4 MiB (in the
-  last-level cache) and of 64 MiB (out of it);
-- ``attention``: FLOP/s of ``scaled_dot_product_attention`` at a decode step's shape (one query
-  a row against a cache, masked) and at a training pass's (causal over whole rows): a CPU core
-  runs them at a fraction of its matmul rate;
-- ``exp_rate``: elements per second of an in-place ``exp_`` (transcendentals are arithmetic-
-  bound on a CPU core, not memory-bound);
-- ``fault_bw``: bytes per second of memory touched for the first time: a tensor of
-  ``FRESH_BYTES`` or more is mapped fresh from the kernel by glibc's allocator at every
-  allocation (its mmap threshold tops out at 32 MiB), and each page faults on first write
-  (measured on a tensor of 64 MiB);
-- ``op_s``: seconds per dispatched op of an eager forward of a 2-layer Qwen3 of width 16 at
-  one token (transformers' own Python around every op, as the plan's models run it).
+The CPU's figures come from ``tandem.plan.probe.probe_cpu``.
 
 What this file leaves out: what a phase's work is (``tandem.plan.work``, ``tandem.plan.time``).
 """
 
 from __future__ import annotations
 
-import functools
-import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, field
 
 from tandem.errors import ConfigError
 from tandem.plan.work import Work
@@ -216,189 +199,3 @@ def local_gpu() -> Device | None:
         return None
     name = torch.cuda.get_device_name(0)
     return next((NAMED[k] for key, k in CUDA_NAMES.items() if key in name), None)
-
-
-def probe_cpu(threads: int | None = None) -> Device:
-    """This machine's CPU for a run of ``threads`` torch threads (None: torch's default).
-
-    Measured on one thread, in this process's CPU seconds (what other processes' load on the
-    machine does not add), once per process (a few tenths of a second beyond the imports); with
-    more threads the matmuls are counted as sharing the work perfectly, and the rest (memory
-    traffic, exponentials, dispatch) as one thread's."""
-    import torch
-
-    base = _probe_one_thread()
-    threads = threads or torch.get_num_threads()
-    if threads == 1:
-        return base
-    flops = {k: v * threads for k, v in base.flops.items()}
-    return replace(base, label=f"this CPU ({threads} threads)", flops=flops)
-
-
-@functools.cache
-def _probe_one_thread() -> Device:
-    import psutil
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        flops = _rate(lambda a, b: a @ b, _pair(1024), 2 * 1024**3)
-        cache = _copy_rate(4 * 2**20)
-        memory = _copy_rate(64 * 2**20)
-        x = torch.rand(2**18)
-        y = torch.empty_like(x)
-        exp_rate = x.numel() / _best(lambda: torch.exp(x, out=y), 20)
-        fault = _fault_rate(64 * 2**20, memory)
-        attention = {k: _attention_rate(k) for k in ("decode", "causal", "causal_grad")}
-        weights = _weight_rate(flops)
-        op_s = _op_seconds()
-    finally:
-        torch.set_num_threads(before)
-    return Device(
-        "cpu",
-        "this CPU (1 thread)",
-        psutil.virtual_memory().total,
-        {"float32": flops, "bfloat16": flops},
-        memory_bw=memory,
-        host_link=0.0,
-        link=0.0,
-        op_s=op_s,
-        gpu=False,
-        cache_bw=cache,
-        cache_bytes=_last_level_cache(),
-        exp_rate=exp_rate,
-        fault_bw=fault,
-        source="probe_cpu",
-        weight_bw=weights,
-        attention=attention,
-    )
-
-
-def _best(fn, reps: int, rounds: int = 3) -> float:
-    """The fastest of ``rounds`` averages of ``reps`` calls, in CPU seconds of this process
-    (what another process's load on the machine does not add)."""
-    fn()
-    best = float("inf")
-    for _ in range(rounds):
-        start = time.process_time()
-        for _ in range(reps):
-            fn()
-        best = min(best, (time.process_time() - start) / reps)
-    return max(best, 1e-9)
-
-
-def _pair(n: int):
-    import torch
-
-    return torch.rand(n, n), torch.rand(n, n)
-
-
-def _rate(fn, args, work: float, reps: int = 3) -> float:
-    return work / _best(lambda: fn(*args), reps)
-
-
-def _copy_rate(size: int) -> float:
-    import torch
-
-    src = torch.rand(size // 4)
-    dst = torch.empty_like(src)
-    reps = max(3, (256 * 2**20) // size)
-    return 2 * size / _best(lambda: dst.copy_(src), reps)
-
-
-def _fault_rate(size: int, copy_bw: float) -> float:
-    """Bytes per second of first touch: a clone of ``size`` bytes (mapped fresh) less the copy's
-    own time."""
-    import torch
-
-    src = torch.rand(size // 4)
-    clone = _best(lambda: src.clone(), 3)
-    touch = clone - 2 * size / copy_bw
-    return size / max(touch, clone * 0.05)
-
-
-def _weight_rate(flops: float) -> float:
-    """Bytes per second of GEMM weights streamed through ``F.linear`` at 16 rows: 64 weights of
-    1024 x 256 (64 MiB, beyond the last-level cache) in turn, their arithmetic at ``flops``
-    taken off."""
-    import torch
-    import torch.nn.functional as F
-
-    weights = [torch.rand(1024, 256) for _ in range(64)]
-    x = torch.rand(16, 256)
-    seconds = _best(lambda: [F.linear(x, w) for w in weights], 3)
-    arithmetic = len(weights) * 2 * 16 * 256 * 1024 / flops
-    return len(weights) * 256 * 1024 * 4 / max(seconds - arithmetic, seconds * 0.05)
-
-
-def _attention_rate(kind: str) -> float:
-    """FLOP/s of ``scaled_dot_product_attention`` with 4 heads of 64 over 2 KV heads: ``decode``,
-    one query for each of 64 rows against 512 cached keys under a mask (32 MiB of cache);
-    ``causal``, 4 rows of 512; ``causal_grad``, the same with its backward (2.5 times the
-    forward's FLOPs)."""
-    import torch
-    import torch.nn.functional as F
-
-    decode = kind == "decode"
-    rows, length, keys = (64, 1, 512) if decode else (4, 512, 512)
-    grad = kind == "causal_grad"
-    q = torch.rand(rows, 4, length, 64, requires_grad=grad)
-    k = torch.rand(rows, 2, keys, 64, requires_grad=grad)
-    v = torch.rand(rows, 2, keys, 64, requires_grad=grad)
-    mask = torch.ones(rows, 1, length, keys, dtype=torch.bool) if decode else None
-
-    def attend() -> None:
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=not decode, enable_gqa=True
-        )
-        if grad:
-            out.sum().backward()
-
-    pairs = rows * keys if decode else rows * keys * (keys + 1) / 2
-    return (3.5 if grad else 1.0) * 4 * 4 * 64 * pairs / _best(attend, 5)
-
-
-def _op_seconds() -> float:
-    """Seconds per dispatched op of a tiny eager Qwen3 forward (see the module)."""
-    import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    config = Qwen3Config(
-        vocab_size=32,
-        hidden_size=16,
-        intermediate_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=8,
-        max_position_embeddings=64,
-    )
-    model = Qwen3ForCausalLM(config).eval()
-    ids = torch.zeros(1, 1, dtype=torch.long)
-
-    class Count(TorchDispatchMode):
-        ops = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            Count.ops += 1
-            return func(*args, **(kwargs or {}))
-
-    with torch.inference_mode():
-        forward = lambda: model(input_ids=ids, use_cache=False)  # noqa: E731
-        with Count():
-            forward()
-        return _best(forward, 30) / Count.ops
-
-
-def _last_level_cache() -> int:
-    """Bytes of the CPU's last-level cache (sysfs), 32 MiB where it does not say."""
-    sizes = []
-    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
-        text = path.read_text().strip().upper()
-        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
-        digits = text.rstrip("KMG")
-        if digits.isdigit():
-            sizes.append(int(digits) * scale)
-    return max(sizes, default=32 * 2**20)

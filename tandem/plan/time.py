@@ -29,8 +29,9 @@ from dataclasses import dataclass, field, replace
 from omegaconf import DictConfig
 
 from tandem.plan.activations import junior_compute_bytes, kv_per_token
-from tandem.plan.devices import Device, probe_cpu
+from tandem.plan.devices import Device
 from tandem.plan.memory import Plan
+from tandem.plan.probe import probe_cpu
 from tandem.plan.settings import Settings
 from tandem.plan.time_rollout import torch_rollout, vllm_rollout
 from tandem.plan.time_settings import TimeSettings
@@ -94,6 +95,11 @@ def plan_time(
     """
     notes: list[str] = []
     phases: dict[str, dict[str, float]] = {}
+    if s.junior_reads and s.junior.vocab != s.senior.vocab and s.backend != "vllm":
+        notes.append(
+            "the junior has a vocabulary of its own: the cross-vocabulary engine's rollout is "
+            "planned as the same-vocabulary engine's (one token a step for each model)."
+        )
     if s.backend == "vllm":
         phases["rollout"] = vllm_rollout(s, t, device, notes)
     else:

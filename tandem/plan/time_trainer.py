@@ -164,29 +164,34 @@ def weight_sync(s: Settings, t: TimeSettings, d: Device) -> dict[str, float]:
     gather = collective(s, d, params * cb, len(w.tensor_sizes(s.senior))) if s.shards > 1 else 0
     copy = params * (4 + 2 * cb) / d.bandwidth(0)
     ops = len(w.tensor_sizes(s.senior)) * 10 * d.op_s  # gather, cast, vLLM's loader's copies
-    return {"sync": (gather + copy + ops) / max(1, t.sync_every)}
+    # under FSDP2's CPU offload the shards come in from the host
+    offloaded = d.gpu and t.offload == "fsdp"
+    host = params / s.shards * 4 / (d.host_link * LINK_SHARE) if offloaded else 0.0
+    return {"sync": (gather + copy + ops + host) / max(1, t.sync_every)}
 
 
 def offload(s: Settings, t: TimeSettings, d: Device, packs: list[Pack]) -> dict[str, float]:
     """Moves over the host link (GPUs only: on a CPU there is no link). FSDP2's CPU offload:
-    the float32 shards in for every forward and backward, hidden behind each micro-batch's
-    computation where it is long enough, and the gradients out once per mini-batch. The
-    between-phases offload: the shards and AdamW's state in before the rollout, out after the
-    step."""
+    the float32 shards in for every forward and backward (of the update, of the old log-probs,
+    of the rollout: once, or at every forward when gathered by layer), each hidden behind its
+    micro-batch's computation where that is long enough, and the gradients out once per
+    mini-batch. The between-phases offload: the shards and AdamW's state in before the rollout,
+    out after the step."""
     if not d.gpu or t.offload == "none":
         return {}
     link = d.host_link * LINK_SHARE
-    shard = s.senior.params / s.shards * 4
+    shard = s.senior.params / s.shards * 4 / link  # seconds to move one process's shards
     if t.offload == "between_phases":
-        return {"moves": 2 * shard * (1 + s.optimizer_states) / link}
-    cb, tempered = s.compute_bytes, 1 if t.tempered else 0
+        return {"moves": 2 * shard * (1 + s.optimizer_states)}
+    cb, tempered, chunk = s.compute_bytes, 1 if t.tempered else 0, s.logprob_chunk_tokens
     exposed = 0.0
     for pack in packs:
-        items = packed_pass(s.senior, pack, cb, s.logprob_chunk_tokens, "train", 1, tempered)
-        dev = d.total(items)[0]
-        exposed += d.hidden(2 * shard / link, dev) + (shard / link if pack.last else 0.0)
-    exposed *= t.num_iterations
-    if s.old_pass:
-        exposed += len(packs) * shard / link  # hidden no better than the update's: a bound
-    rollout = 1 if s.rollout_gather == "whole" else s.max_new_tokens
-    return {"moves": exposed + rollout * shard / link}
+        train = d.total(packed_pass(s.senior, pack, cb, chunk, "train", 1, tempered))[0]
+        exposed += t.num_iterations * (d.hidden(2 * shard, train) + (shard if pack.last else 0))
+        if s.old_pass:
+            items = packed_pass(s.senior, pack, cb, chunk, "logprobs", t.temperatures, tempered)
+            exposed += d.hidden(shard, d.total(items)[0])
+    # the torch engine reads the senior's shards once (gathered whole) or at every forward;
+    # vLLM's weight sync reads them from the host (``weight_sync``)
+    forwards = 1 if s.rollout_gather == "whole" else s.max_new_tokens
+    return {"moves": exposed + (0 if s.backend == "vllm" else forwards * shard)}

@@ -9,8 +9,8 @@ intermediate, ``V`` vocabulary, ``cb`` the compute dtype's bytes.
 
 - GEMMs: ``2 x tokens x`` each layer's matmul parameters (``h q + 2 h kv + q h + 3 h i``), and
   ``2 x positions x h V`` for the LM head; a backward twice the forward's. Their traffic: the
-  weights (``Device.pack_passes`` times: a CPU's BLAS packs them into panels) and each GEMM's
-  input and output rows, ``(7 h + 2 q + 2 kv + 3 i) cb`` a token and layer.
+  weights (``Work.weights``: a CPU streams them at its own rate) and each GEMM's input and
+  output rows, ``(7 h + 2 q + 2 kv + 3 i) cb`` a token and layer.
 - attention: ``4 q`` FLOPs per (query, key) pair it scores (``pairs``, causal), its backward
   2.5 times that (flash attention recomputes the scores); its softmax an exponential per pair
   and head; a decode step reads every cached key and value of its rows.
@@ -22,14 +22,15 @@ intermediate, ``V`` vocabulary, ``cb`` the compute dtype's bytes.
   allocations and exponentials of one ``[positions, V]`` float32 tensor, including the passes
   inside ``logsumexp`` (max, shift, exp, sum: 4 reads, 2 writes, 1 allocation, 1 exp).
 - dispatched ops: per layer and per pass, counted on Qwen3ForCausalLM (transformers 5) through
-  ``TorchDispatchMode`` (``OPS``, ``tests/plan/test_time.py`` recounts each).
+  ``TorchDispatchMode`` (``OPS``; ``tests/plan/test_time_work.py`` recounts each).
+- AdamW: torch's single-tensor step, op by op (``ADAMW_BYTES``); each tensor's four arrays come
+  from memory once (``STREAM_BYTES``), the rest of its traffic is over one tensor at a time.
 
 What this file leaves out: which passes a step makes (``tandem.plan.time``).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
 from tandem.plan import activations as act
@@ -80,7 +81,7 @@ class Work:
         attention_kind: ``decode`` (one query a row against a cache), ``causal`` (whole rows)
             or ``causal_grad`` (with the backward).
         bytes: memory traffic (reads and writes) besides the weights.
-        weights: bytes of GEMM weight operands read (once; ``Device.pack_passes`` times).
+        weights: bytes of GEMM weight operands read.
         working_set: bytes of its largest operation's operands (a CPU's cache decides on it).
         exps: transcendental elements (exp, sigmoid).
         fresh: bytes written to tensors allocated fresh from the system (a CPU's allocator maps
@@ -328,7 +329,3 @@ def tensor_sizes(m: ModelShape) -> list[int]:
 def causal_pairs(length: float) -> float:
     """(query, key) pairs of causal attention over ``length`` positions."""
     return length * (length + 1) / 2
-
-
-def ceil_div(a: float, b: float) -> int:
-    return math.ceil(a / b)

@@ -14,7 +14,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from tandem.assets import TINY_WORLD
 from tandem.plan import model_shape
 from tandem.plan import work as w
-from tandem.plan.devices import COMPUTE_SHARE, MEMORY_SHARE, Device, named, probe_cpu
+from tandem.plan.devices import COMPUTE_SHARE, MEMORY_SHARE, Device, named
+from tandem.plan.probe import probe_cpu
 from tandem.plan.shape import ModelShape
 
 # a made-up shape small enough to count by hand

@@ -100,7 +100,8 @@ class Device:
         attention = work.attention / (rate or self.flop_rate(work.dtype))
         flops = work.flops / self.flop_rate(work.dtype) + attention
         if self.gpu:
-            memory = (work.bytes + work.weights) / (self.memory_bw * MEMORY_SHARE)
+            traffic = work.bytes + work.weights + work.cache_reads
+            memory = traffic / (self.memory_bw * MEMORY_SHARE)
             return max(flops / COMPUTE_SHARE, memory), host
         memory = work.bytes / self.bandwidth(work.working_set) + work.weights / self.weight_bw
         exps = work.exps / self.exp_rate if self.exp_rate else 0.0

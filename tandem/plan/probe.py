@@ -10,8 +10,9 @@ process; about a second beyond the imports):
   turn of 64 weights that do not stay in cache (BLAS packs each into panels as it reads it), the
   arithmetic taken off;
 - ``attention``: FLOP/s of ``scaled_dot_product_attention`` at a decode step's shape (one query
-  a row against a cache, masked), at a training pass's (causal over whole rows) and with its
-  backward: a CPU core runs them at a fraction of its matmul rate;
+  a row against caches bigger than the last-level cache, masked: the rate includes the cache's
+  reads), at a training pass's (causal over whole rows) and with its backward: a CPU core runs
+  them at a fraction of its matmul rate;
 - ``exp_rate``: elements per second of ``exp`` (transcendentals are arithmetic-bound on a CPU
   core, not memory-bound);
 - ``fault_bw``: bytes per second of memory touched for the first time: a tensor of
@@ -149,30 +150,39 @@ def _weight_rate(flops: float) -> float:
 
 
 def _attention_rate(kind: str) -> float:
-    """FLOP/s of ``scaled_dot_product_attention`` with 4 heads of 64 over 2 KV heads: ``decode``,
-    one query for each of 64 rows against 512 cached keys under a mask (32 MiB of cache);
-    ``causal``, 4 rows of 512; ``causal_grad``, the same with its backward (2.5 times the
-    forward's FLOPs)."""
+    """FLOP/s of ``scaled_dot_product_attention`` with 4 heads of 64 over 2 KV heads.
+
+    ``decode``: one query for each of 64 rows against 256 cached keys under a mask, as
+    transformers calls it in a decode step (each KV head's queries packed as its rows, the keys
+    and values views of caches reserved for 512 positions), over 8 caches in turn (128 MiB: every
+    layer's cache of both models, which no cache holds from one step to the next), so the rate
+    includes the cache's reads. ``causal``: 4 rows of 512 keys (in cache: a pass's traffic is
+    counted apart); ``causal_grad``: the same with its backward (2.5 times the forward's FLOPs).
+    """
     import torch
     import torch.nn.functional as F
 
-    decode = kind == "decode"
-    rows, length, keys = (64, 1, 512) if decode else (4, 512, 512)
-    grad = kind == "causal_grad"
-    q = torch.rand(rows, 4, length, 64, requires_grad=grad)
-    k = torch.rand(rows, 2, keys, 64, requires_grad=grad)
-    v = torch.rand(rows, 2, keys, 64, requires_grad=grad)
-    mask = torch.ones(rows, 1, length, keys, dtype=torch.bool) if decode else None
+    if kind == "decode":
+        q = torch.rand(64, 2, 2, 64)
+        caches = [(torch.rand(64, 2, 512, 64), torch.rand(64, 2, 512, 64)) for _ in range(8)]
+        mask = torch.ones(64, 1, 1, 512, dtype=torch.bool)[..., :256]
 
-    def attend() -> None:
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=not decode, enable_gqa=True
-        )
+        def attend() -> None:
+            for k, v in caches:
+                F.scaled_dot_product_attention(q, k[:, :, :256], v[:, :, :256], attn_mask=mask)
+
+        return len(caches) * 4 * 4 * 64 * 64 * 256 / _best(attend, 3)
+    grad = kind == "causal_grad"
+    q = torch.rand(4, 4, 512, 64, requires_grad=grad)
+    k = torch.rand(4, 2, 512, 64, requires_grad=grad)
+    v = torch.rand(4, 2, 512, 64, requires_grad=grad)
+
+    def causal() -> None:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         if grad:
             out.sum().backward()
 
-    pairs = rows * keys if decode else rows * keys * (keys + 1) / 2
-    return (3.5 if grad else 1.0) * 4 * 4 * 64 * pairs / _best(attend, 5)
+    return (3.5 if grad else 1.0) * 4 * 4 * 64 * 4 * 512 * 513 / 2 / _best(causal, 5)
 
 
 def _op_seconds() -> float:

@@ -82,6 +82,8 @@ class Work:
             or ``causal_grad`` (with the backward).
         bytes: memory traffic (reads and writes) besides the weights.
         weights: bytes of GEMM weight operands read.
+        cache_reads: bytes of KV cache a decode step's attention reads (a CPU's decode attention
+            rate is measured over a cache that does not stay in its caches: it includes them).
         working_set: bytes of its largest operation's operands (a CPU's cache decides on it).
         exps: transcendental elements (exp, sigmoid).
         fresh: bytes written to tensors allocated fresh from the system (a CPU's allocator maps
@@ -95,6 +97,7 @@ class Work:
     attention_kind: str = "causal"
     bytes: float = 0.0
     weights: float = 0.0
+    cache_reads: float = 0.0
     working_set: int = 0
     exps: float = 0.0
     fresh: float = 0.0
@@ -109,6 +112,7 @@ class Work:
             attention=self.attention * k,
             bytes=self.bytes * k,
             weights=self.weights * k,
+            cache_reads=self.cache_reads * k,
             exps=self.exps * k,
             fresh=self.fresh * k,
             ops=self.ops * k,
@@ -195,8 +199,9 @@ def layers(
     attention = Work(
         attention=a * 4 * m.q * pairs * L,
         attention_kind="decode" if kv_read > 0 else ("causal_grad" if grad else "causal"),
-        bytes=a * 2 * tokens * (2 * m.q + 2 * m.kv) * cb * L + kv_read,
-        working_set=int(kv_read / max(1, L)) + int(tokens) * (2 * m.q + 2 * m.kv) * cb,
+        bytes=a * 2 * tokens * (2 * m.q + 2 * m.kv) * cb * L,
+        cache_reads=kv_read,
+        working_set=int(tokens) * (2 * m.q + 2 * m.kv) * cb,
         exps=(2.0 if grad else 1.0) * m.heads * pairs * L,
         dtype=dtype,
     )

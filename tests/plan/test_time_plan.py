@@ -184,3 +184,16 @@ def test_the_cli_refuses_a_device_it_does_not_know() -> None:
     out = run_cli("--config-name", "reproduce_paper", "--devices", "2x80")
     assert out.returncode == 0 and "no time plan: name the GPUs' kind" in out.stdout
     assert json.loads(out.stdout.strip().splitlines()[-1])["step_s"] is None
+
+
+def test_the_torch_engines_decode_on_a_gpu_is_the_hosts_dispatch() -> None:
+    plan = timed("experiment=paper/trl")
+    rollout = plan.phases["rollout"]
+    # each decode step dispatches both 36-layer models' ops and the engine's, 10 us each on the
+    # host, which the cards (the junior on its own) do not keep up with: 2 passes of 64 rows
+    host = (2 * (76 * 36 + 34) + 290) * 10e-6
+    steps = 2 * 2999
+    assert rollout["decode"] + rollout["dispatch"] + rollout["sampling"] == pytest.approx(
+        steps * host, rel=0.01
+    )
+    assert rollout["dispatch"] > rollout["decode"]

@@ -327,9 +327,10 @@ class TandemGRPO(L.LightningModule):
         senior_mask, junior_mask = self.loss_masks(rollouts, rewards)  # [B*G, T] each
         stats = self.update(rollouts, adv, senior_mask, junior_mask)
         t3 = time.perf_counter()
-        self.log_step(
-            rollouts, rewards, stats, {"generate": t1 - t0, "reward": t2 - t1, "update": t3 - t2}
-        )
+        # the time plan's phases (tandem.plan.time): the update less its old log-probs and steps
+        seconds = {"generate": t1 - t0, "reward": t2 - t1, **self.phase_seconds}
+        seconds["update"] = t3 - t2 - sum(self.phase_seconds.values())
+        self.log_step(rollouts, rewards, stats, seconds)
         return stats["loss"]
 
     def loss_masks(self, rollouts: Rollouts, rewards: Tensor) -> tuple[Tensor, Tensor]:
@@ -380,7 +381,9 @@ class TandemGRPO(L.LightningModule):
         slices = torch.arange(rollouts.tokens.shape[0]).chunk(hp.mini_batches)
         micros = [self.micro_batches(idx, tokens, groups) for idx in slices]
         self.place(shards=True)
+        begin = time.perf_counter()
         old, ref, gap = self.old_and_ref(rollouts, ids, mask, start, micros)  # [N, T] each
+        self.phase_seconds = {"old_logprobs": time.perf_counter() - begin, "optimizer_step": 0.0}
         # the update and its optimizer steps read the optimizer state too (verl loads both
         # for update_actor); both go back to the host once the last step is taken
         self.place(shards=True, optimizer_state=True)
@@ -408,7 +411,9 @@ class TandemGRPO(L.LightningModule):
                 for key, v in stats.items():
                     totals[key] = totals.get(key, 0) + v / steps
                 last = i == hp.num_iterations - 1 and k == len(slices) - 1
+                begin = time.perf_counter()
                 norm = self.optimizer_step(opt, last=last)
+                self.phase_seconds["optimizer_step"] += time.perf_counter() - begin
                 totals["grad_norm"] = totals.get("grad_norm", 0) + norm / steps
                 if sched is not None:
                     sched.step()

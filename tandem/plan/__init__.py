@@ -8,7 +8,10 @@ the fullest device, its peak, and the overrides that would make the run fit.
 
 Layout: ``shape`` (a model's sizes from its config, on the meta device), ``settings`` (the keys
 that decide memory), ``memory`` (the formulas, phase by phase), ``fixes`` (what would fit),
-``report`` (the table and the JSON line).
+``report`` (the tables and the JSON line). Beside the bytes, the seconds of a step
+(``tandem.plan.time``): ``time_settings`` (the keys that decide time), ``work`` (FLOPs, bytes and
+dispatched ops of each pass), ``devices`` and ``probe`` (the named GPUs' roofs, this CPU's
+measured ones), ``time_rollout`` and ``time_trainer`` (the phases).
 
 Imports stay light (no Lightning, no model code until a shape is read), so a plan takes seconds.
 """

@@ -1,6 +1,7 @@
-"""A plan as people read it (a table per device) and as programs read it (one JSON object).
+"""A plan as people read it (a table per device, and the time a step takes) and as programs
+read it (one JSON object).
 
-What this file leaves out: the figures themselves (``tandem.plan.memory``).
+What this file leaves out: the figures themselves (``tandem.plan.memory``, ``tandem.plan.time``).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from typing import Any
 
 from tandem.plan.memory import MARGIN, DevicePlan, Fix, GiB, Plan
 from tandem.plan.settings import Settings
+from tandem.plan.time import TimePlan
 
 PHASE_LABELS = {
     "load": "load",
@@ -151,11 +153,12 @@ def _fix_lines(plan: Plan) -> list[str]:
     return lines
 
 
-def summary(plan: Plan) -> dict[str, Any]:
-    """The plan as one JSON-ready mapping (GiB figures)."""
+def summary(plan: Plan, timed: TimePlan | None = None) -> dict[str, Any]:
+    """The plan as one JSON-ready mapping (GiB figures; with ``timed``, seconds too)."""
     fullest = max(plan.devices, key=lambda d: d.peak)
     s = plan.settings
     return {
+        **_time_json(timed),
         "peak_gib": gib(plan.peak),
         "fits": plan.fits,
         "devices": [
@@ -239,3 +242,72 @@ def _host_refusal(host: DevicePlan) -> str:
         "memory, fewer processes a machine, or offload less.\n"
         "Every term: python -m tandem.plan with the same config and overrides."
     )
+
+
+TIME_PHASE_LABELS = {
+    **PHASE_LABELS,
+    "weight_sync": "weight sync",
+    "offload": "offload moves",
+}
+TIME_TERM_LABELS = {
+    "prefill": "prefill",
+    "decode": "decode (device)",
+    "sampling": "draws, log-probs",
+    "dispatch": "eager dispatch",
+    "gather": "FSDP2 gathers",
+    "vllm_host": "vLLM host work",
+    "vllm_wake": "vLLM wake",
+    "vllm_sleep": "vLLM sleep",
+    "forward": "forward",
+    "forward_backward": "forward, backward",
+    "recompute": "recomputation",
+    "collectives": "collectives",
+    "adamw": "AdamW, clipping",
+    "adamw_host": "AdamW on the host",
+    "sync": "weights into vLLM",
+    "moves": "host link",
+}
+
+
+def time_table(timed: TimePlan) -> str:
+    """Seconds of one training step by phase and term, and hours for ``trainer.max_steps``."""
+    d = timed.device
+    lines = [
+        f"Time plan, computed ({timed.count} x {d.label}; {d.source}): seconds a training step"
+    ]
+    for phase, terms in timed.phases.items():
+        parts = ", ".join(f"{TIME_TERM_LABELS.get(t, t)} {_seconds(v)}" for t, v in terms.items())
+        lines.append(
+            f"  {TIME_PHASE_LABELS.get(phase, phase):<16}{_seconds(timed.phase_s(phase)):>10}"
+            f"   {parts}"
+        )
+    lines.append(
+        f"  {'step':<16}{_seconds(timed.step_s):>10}   ({timed.step_s / 60:.2f} min); "
+        f"{timed.max_steps} steps: {timed.run_h:,.1f} h"
+    )
+    lines.extend(f"note: {line}" for line in timed.notes)
+    return "\n".join(lines)
+
+
+def _seconds(value: float) -> str:
+    return f"{value:,.1f}" if value >= 10 else f"{value:.3g}"
+
+
+def _time_json(timed: TimePlan | None) -> dict[str, Any]:
+    """``step_s``, ``run_h`` and the seconds of each phase and term (null without a time plan)."""
+    if timed is None:
+        return {"step_s": None, "run_h": None, "phase_s": None, "time": None}
+    return {
+        "step_s": round(timed.step_s, 4),
+        "run_h": round(timed.run_h, 3),
+        "phase_s": {p: round(timed.phase_s(p), 4) for p in timed.phases},
+        "time": {
+            "device": timed.device.kind,
+            "count": timed.count,
+            "max_steps": timed.max_steps,
+            "terms_s": {
+                p: {t: round(v, 4) for t, v in terms.items()} for p, terms in timed.phases.items()
+            },
+            "notes": list(timed.notes),
+        },
+    }

@@ -32,12 +32,10 @@ def kept(backend: VLLMBackend) -> VLLMBackend:
     return backend
 
 
-@pytest.fixture(scope="module", params=["pair", "turns"])
-def backend(request, junior_folder, tokenizer):
-    """Both tandem engines: one vLLM engine holding both models, and two engines in turns."""
-    return kept(
-        VLLMBackend("tiny", junior_folder, tokenizer, engine=request.param, max_model_len=512)
-    )
+@pytest.fixture(scope="module")
+def backend(junior_folder, tokenizer):
+    """The tandem engine: one vLLM engine holding both models."""
+    return kept(VLLMBackend("tiny", junior_folder, tokenizer, max_model_len=512))
 
 
 def forced(model, r: Rollouts) -> torch.Tensor:

@@ -1,11 +1,11 @@
-"""Tandem in one vLLM engine (``engine="pair"``) against independent references, on the tiny
-world (runs where vLLM is installed, in ``.ci/vllm``).
+"""Tandem in one vLLM engine (the pair) against independent references, on the tiny world
+(runs where vLLM is installed, in ``.ci/vllm``).
 
 References: a scalar replay of each sampler over the rollout's own tokens with the batch's
 coins (authors must be exactly the replay's); Hugging Face teacher forcing under both models
 (the recorded log-probs); a plain vLLM engine of one model (p = 1 and p = 0); the same batch
 again (seeds). The shared checks of rows and statistics are ``tests/engine/
-test_vllm_backend.py``'s, which run on the pair engine too.
+test_vllm_backend.py``'s; juniors of their own configs are ``tests/engine/test_vllm_juniors.py``'s.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from tandem.engine.vllm_pens import coins
 
 @pytest.fixture(scope="module")
 def pair(junior_folder, tokenizer):
-    return kept(VLLMBackend("tiny", junior_folder, tokenizer, engine="pair", max_model_len=512))
+    return kept(VLLMBackend("tiny", junior_folder, tokenizer, max_model_len=512))
 
 
 def replay(sampler, r: Rollouts, params: SamplingParams) -> tuple[torch.Tensor, list[int]]:
@@ -130,7 +130,6 @@ def test_preempted_rows_keep_their_pen(junior_folder, senior, junior, prompts, t
             "tiny",
             junior_folder,
             tokenizer,
-            engine="pair",
             max_model_len=512,
             engine_args={"num_gpu_blocks_override": 40},
         )
@@ -152,7 +151,7 @@ def test_weight_load_changes_the_senior_only(junior_folder, senior, junior, prom
     with torch.no_grad():
         for p in third.parameters():
             p.add_(torch.randn(p.shape, generator=g) * 0.3 * p.std().clamp(min=1e-3))
-    backend = kept(VLLMBackend("tiny", junior_folder, tokenizer, engine="pair", max_model_len=512))
+    backend = kept(VLLMBackend("tiny", junior_folder, tokenizer, max_model_len=512))
     sampler = WordSampler(tokenizer, p=0.5)
     params = SamplingParams(max_new_tokens=24, samples_per_prompt=2)
     backend.load_weights(third.state_dict(), step=7)
@@ -164,18 +163,3 @@ def test_weight_load_changes_the_senior_only(junior_folder, senior, junior, prom
     backend.sync(senior, step=8)
     back = backend.generate(prompts, sampler, params)
     assert (back.senior_logprobs - forced(senior, back))[back.mask].abs().max() < TOLERANCE
-
-
-def test_a_pair_of_two_shapes_is_refused(tmp_path, tokenizer):
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from tandem.assets import resolve
-
-    config = AutoConfig.from_pretrained(resolve("tiny"))
-    config.intermediate_size = 256
-    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
-    tokenizer.save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match=r"intermediate_size.*engine='turns'"):
-        VLLMBackend("tiny", str(tmp_path), tokenizer, engine="pair", max_model_len=512)
-    with pytest.raises(ValueError, match="engine \\('one'\\) must be one of"):
-        VLLMBackend("tiny", str(tmp_path), tokenizer, engine="one")

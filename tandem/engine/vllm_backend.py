@@ -137,6 +137,8 @@ class VLLMBackend:
         self.sync_every, self.weights_step = sync_every, -1
         self.resumed = 0  # requests vLLM preempted and took back, in the last pair batch
         self.asleep: set[str] = set()
+        #: ``batch`` or ``request`` (the setup's; benchmarks/vllm.py measures both)
+        self.seeds = self.setup.seeds
         self.llm = self._start(dtype, seed, max_model_len)
         self.vocab = self.llm.llm_engine.model_config.get_vocab_size()
 
@@ -323,7 +325,7 @@ class VLLMBackend:
             temperature=params.temperature,
             top_p=params.top_p,
             top_k=params.top_k,
-            seed=_mix(params.seed, index) if self.setup.seeds == "request" else None,
+            seed=_mix(params.seed, index) if self.seeds == "request" else None,
             logprobs=None if key is not None else 0,  # the pen records both models' own
             stop_token_ids=list(eos) + ([stop] if key is not None else []),
             ignore_eos=True,  # the stop ids above are the only EOS, as in the torch engine
@@ -352,7 +354,7 @@ class VLLMBackend:
     def _seeded(self, seed: int) -> Iterator[None]:
         """``seeds="batch"``: the device's generator seeded for this call from ``seed``, and
         the process's own random state as it was afterwards."""
-        if self.setup.seeds != "batch":
+        if self.seeds != "batch":
             yield
             return
         devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []

@@ -200,10 +200,7 @@ class Pens:
         id once it has ended; the proposal or the other author's onsets under the onset rule."""
         ended = self.ended[ids]
         if bool(ended.any()):
-            done = at[ended.to(at.device)]
-            only = torch.full_like(logits[done], float("-inf"))
-            only[:, self.stop] = 0.0
-            logits[done] = only
+            only(logits, at[ended.to(at.device)], torch.tensor(self.stop).expand(int(ended.sum())))
         if self.sampler is None:
             return
         coin = self.coins[ids, self.position[ids], self.retracted[ids].long()]
@@ -232,9 +229,7 @@ class Pens:
         on = retract.to(at.device)
         kept = at[~on]
         if kept.numel():  # the proposal stands: vLLM emits exactly it
-            only = torch.full_like(logits[kept], float("-inf"))
-            only.scatter_(1, proposal[~retract].to(logits.device)[:, None], 0.0)
-            logits[kept] = only
+            only(logits, kept, proposal[~retract])
         if bool(retract.any()):  # withdrawn: the new author's onsets, from its own logits
             lost = at[on]
             junior = (handoff.state["author"][retract] == JUNIOR).to(logits.device)[:, None]
@@ -260,6 +255,12 @@ class Pens:
                     f"row {i}: the pen read {len(self.written[i])} tokens where vLLM returned "
                     f"{len(out)}; the pair engine lost track of a request"
                 )
+
+
+def only(logits: Tensor, rows: Tensor, tokens: Tensor) -> None:
+    """Make ``tokens [n]`` the only tokens ``rows [n]`` of ``logits`` may emit, in place."""
+    logits.index_fill_(0, rows, float("-inf"))
+    logits[rows, tokens.to(logits.device)] = 0.0
 
 
 def _by_step(unread: list[tuple[Step, int] | None]) -> list[tuple[Step, list[int], list[int]]]:

@@ -36,10 +36,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -49,14 +47,22 @@ from tandem.assets import resolve
 from tandem.engine.backend import Weights
 from tandem.engine.base import PAD, SENIOR, Rollouts, SamplingParams, StopReason
 from tandem.engine.layout import Prompts, decoded, eos_ids, finish, pad_id, padded
-from tandem.engine.vllm_engine import engine_setup
+from tandem.engine.vllm_engine import (
+    engine_setup,
+    eos_sources,
+    folder_config,
+    folder_tokenizer,
+    on_gpu,
+    processes,
+    say_once,
+    set_environment,
+)
 from tandem.engine.vllm_pair import ARCHITECTURE, QuietJuniorReload, pair_refusal, register
 from tandem.engine.vllm_pens import KEY, run_pens
 from tandem.registry import BACKENDS
 from tandem.samplers.base import Sampler
 
 log = logging.getLogger(__name__)
-_said: set[str] = set()
 
 
 class EngineFailed(RuntimeError):
@@ -86,7 +92,7 @@ class VLLMBackend:
         dtype: the engine's dtype (float32 to match the torch engine's log-probs).
         seed: the engine's seed (the rollouts' draws come from ``params.seed``).
         max_model_len: the longest prompt + response (None: the model's own limit).
-        kv_cache_gib: KV cache on the CPU (``VLLM_CPU_KVCACHE_SPACE``).
+        kv_cache_gib: the KV cache's host memory on the CPU (on GPUs: ``gpu_memory_utilization``).
         sync_every: ``sync`` loads the senior's weights every this many training steps.
         model_runner: ``v1`` or ``v2``: vLLM's model runner on GPUs (``tandem.engine.vllm_engine``).
         sleep: sleep while the trainer updates (None: on GPUs).
@@ -113,12 +119,13 @@ class VLLMBackend:
         if sync_every < 1:
             raise ValueError(f"sync_every ({sync_every}) must be >= 1 training step.")
         self.paths = (resolve(senior), None if junior is None else resolve(junior))
-        refusal = None if junior is None else pair_refusal(*map(_config, self.paths), max_model_len)
+        configs = [folder_config(p) for p in self.paths if p is not None]
+        refusal = None if junior is None else pair_refusal(*configs, max_model_len)
         if refusal:
             raise ValueError(f"one vLLM engine cannot hold this senior and junior: {refusal}")
-        world, rank, local = _processes()
+        world, rank, local = processes()
         self.setup = engine_setup(
-            gpu=_on_gpu(),
+            gpu=on_gpu(),
             world=world,
             rank=rank,
             local_rank=local,
@@ -126,14 +133,12 @@ class VLLMBackend:
             model_runner=model_runner,
             sleep=sleep,
             seeds=seeds,
+            kv_cache_gib=kv_cache_gib,
         )
-        _environment(self.setup.env, kv_cache_gib)
-        for note in self.setup.notes:
-            if note not in _said:
-                _said.add(note)
-                log.info("vllm: %s", note)
-        self.tokenizer = tokenizer if tokenizer is not None else _tokenizer(self.paths[0])
-        self.configs = _configs(self.paths[0])  # where the senior names its EOS ids
+        set_environment(self.setup.env)
+        say_once(self.setup.notes)
+        self.tokenizer = tokenizer if tokenizer is not None else folder_tokenizer(self.paths[0])
+        self.configs = eos_sources(self.paths[0])  # where the senior names its EOS ids
         self.sync_every, self.weights_step = sync_every, -1
         self.resumed = 0  # requests vLLM preempted and took back, in the last pair batch
         self.asleep: set[str] = set()
@@ -176,7 +181,7 @@ class VLLMBackend:
             register()
             overrides = {
                 "architectures": [ARCHITECTURE],
-                "tandem_architecture": _config(self.paths[0])["architectures"][0],
+                "tandem_architecture": folder_config(self.paths[0])["architectures"][0],
                 "tandem_junior": self.paths[1],
                 "tandem_board": f"{id(self)}",
             }
@@ -413,63 +418,6 @@ def abort_unfinished(llm: Any) -> int:
 def _mix(seed: int, row: int) -> int:
     """A request's (or a batch's) seed from (params.seed, row): reruns repeat it."""
     return (seed * 1_000_003 + row * 7_919) % (2**31 - 1)
-
-
-def _processes() -> tuple[int, int, int]:
-    """(world size, rank, local rank) of the trainer's processes, (1, 0, 0) for one."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return 1, 0, 0
-    rank = dist.get_rank()
-    return dist.get_world_size(), rank, int(os.environ.get("LOCAL_RANK", rank))
-
-
-def _on_gpu() -> bool:
-    from vllm.platforms import current_platform
-
-    return bool(current_platform.is_cuda_alike())
-
-
-def _environment(env: dict[str, str], kv_cache_gib: float) -> None:
-    """Set what vLLM reads from the environment when an engine starts."""
-    multi = os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    if multi != "0":
-        raise RuntimeError(
-            "VLLM_ENABLE_V1_MULTIPROCESSING is not 0: the backend loads new weights into the "
-            "engine in-process and its logits processor reads tables from this process. "
-            "Unset it or set it to 0."
-        )
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_gib))))
-    os.environ.update(env)
-
-
-def _config(path: str) -> dict[str, Any]:
-    """A model folder's config, with the defaults its class fills in."""
-    from transformers import AutoConfig
-
-    return AutoConfig.from_pretrained(path).to_dict()
-
-
-def _tokenizer(path: str) -> Any:
-    """The model folder's tokenizer, padding with EOS where it names no pad token."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
-
-
-def _configs(path: str) -> list[Any]:
-    """A model folder's generation config (where it has one) and config: where it names its
-    EOS ids, read in that order as the torch engine reads them."""
-    from transformers import AutoConfig, GenerationConfig
-
-    sources = []
-    if Path(path, "generation_config.json").is_file():
-        sources.append(GenerationConfig.from_pretrained(path))
-    return [*sources, AutoConfig.from_pretrained(path)]
 
 
 def full_tensor(t: Tensor) -> Tensor:

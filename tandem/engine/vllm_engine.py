@@ -24,14 +24,22 @@ before vLLM is imported (``engine_setup``: pure, so it is tested on any machine)
   tensor, pipeline or data parallel engine is refused: the pen processor and the weight sync
   run in the trainer's process.
 
+Also here: reading the model folders the engine starts from, and the log of these choices.
+
 What this file leaves out: the engine itself (``tandem.engine.vllm_backend``).
 """
 
 from __future__ import annotations
 
+import logging
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+log = logging.getLogger("tandem.engine.vllm_backend")  # said as the backend's
+_said: set[str] = set()
 RUNNERS = ("v1", "v2")
 SEEDS = ("auto", "batch", "request")
 PARALLEL = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
@@ -68,6 +76,7 @@ def engine_setup(
     model_runner: str = "v1",
     sleep: bool | None = None,
     seeds: str = "auto",
+    kv_cache_gib: float = 1.0,
 ) -> EngineSetup:
     """The engine's settings (see the module).
 
@@ -78,6 +87,8 @@ def engine_setup(
         model_runner: ``v1`` or ``v2`` on GPUs (the CPU build runs V1 only).
         sleep: sleep during the update (None: where vLLM can, on GPUs).
         seeds: ``batch``, ``request`` or ``auto`` (batch on V1, request on V2).
+        kv_cache_gib: the KV cache's host memory on the CPU (on GPUs vLLM takes
+            ``gpu_memory_utilization`` of the device instead).
     """
     user = dict(engine_args or {})
     _refuse(gpu, user, model_runner, sleep, seeds)
@@ -94,6 +105,7 @@ def engine_setup(
     args: dict[str, Any] = {}
     if not gpu:
         args["enforce_eager"] = True
+        args["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
         notes.append("eager on the CPU (no compile, no CUDA graphs), no sleep mode")
     sleeps = gpu if sleep is None else sleep
     if sleeps:
@@ -141,3 +153,67 @@ def _refuse(gpu: bool, user: dict[str, Any], runner: str, sleep: bool | None, se
         )
     if problems:
         raise ValueError("The vLLM backend's options:\n- " + "\n- ".join(problems))
+
+
+def processes() -> tuple[int, int, int]:
+    """(world size, rank, local rank) of the trainer's processes, (1, 0, 0) for one."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return 1, 0, 0
+    rank = dist.get_rank()
+    return dist.get_world_size(), rank, int(os.environ.get("LOCAL_RANK", rank))
+
+
+def on_gpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cuda_alike())
+
+
+def set_environment(env: dict[str, str]) -> None:
+    """Set what vLLM reads from the environment when an engine starts."""
+    multi = os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    if multi != "0":
+        raise RuntimeError(
+            "VLLM_ENABLE_V1_MULTIPROCESSING is not 0: the backend loads new weights into the "
+            "engine in-process and its logits processor reads tables from this process. "
+            "Unset it or set it to 0."
+        )
+    os.environ.update(env)
+
+
+def folder_config(path: str) -> dict[str, Any]:
+    """A model folder's config, with the defaults its class fills in."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(path).to_dict()
+
+
+def folder_tokenizer(path: str) -> Any:
+    """The model folder's tokenizer, padding with EOS where it names no pad token."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def eos_sources(path: str) -> list[Any]:
+    """A model folder's generation config (where it has one) and config: where it names its
+    EOS ids, read in that order as the torch engine reads them."""
+    from transformers import AutoConfig, GenerationConfig
+
+    sources = []
+    if Path(path, "generation_config.json").is_file():
+        sources.append(GenerationConfig.from_pretrained(path))
+    return [*sources, AutoConfig.from_pretrained(path)]
+
+
+def say_once(notes: Sequence[str]) -> None:
+    """Log each of ``notes`` the first time this process starts an engine with it."""
+    for note in notes:
+        if note not in _said:
+            _said.add(note)
+            log.info("vllm: %s", note)

@@ -19,29 +19,35 @@ Both call the same ``Pens.feed`` and ``Pens.choose`` (``tandem.engine.vllm_pens`
 holds a rule of its own. Rows of a batch no longer in flight (a ``generate`` that failed) are
 forgotten at the next step.
 
-This module imports vLLM: the backend imports it only when it builds a pair engine.
+The classes are made on first use (``pen_processor``), so that this module imports without
+vLLM (the backend registry imports every module of ``tandem.engine``).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 from torch import Tensor
-from vllm.v1.sample.logits_processor import LogitsProcessor as V1Interface
-from vllm.v1.sample.logits_processor import MoveDirectionality
-from vllm.v1.worker.gpu.sample.logits_processor import LogitsContext
-from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as V2Interface
 
 from tandem.engine.vllm_pair import BOARDS, Board
 from tandem.engine.vllm_pens import PENS, Pens, pens_of
+
+
+@functools.cache
+def pen_processor(v2: bool) -> type:
+    """The pen processor for vLLM's Model Runner V2 (``v2``) or its V1 runner."""
+    return _v2() if v2 else _v1()
 
 
 def follow_batch(rows: dict[int, Any], update: Any, take: Callable[[Any, list[int]], Any]) -> None:
     """Apply one V1 ``BatchUpdate`` to a processor's ``rows`` (batch row -> what it keeps for
     that request), in the order vLLM defines: removed, added (``take(params, output)``: what to
     keep, or None for a request the processor leaves alone), moved."""
+    from vllm.v1.sample.logits_processor import MoveDirectionality
+
     for i in update.removed:
         rows.pop(i, None)
     for i, params, _, output in update.added:
@@ -76,88 +82,94 @@ def _live(pens: Pens) -> bool:
     return any(p is pens for p in PENS.values())
 
 
-class PenProcessorV1(V1Interface):
-    """The pen processor of vLLM's V1 model runner (see the module)."""
-
-    def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
-        self.board = _board(vllm_config)
-        self.rows: dict[int, tuple[Pens, int, list[int]]] = {}  # batch row -> (pens, row, out)
-
-    def is_argmax_invariant(self) -> bool:
-        return False  # it forces and restricts tokens, greedy requests included
-
-    def update_state(self, batch_update: Any) -> None:
-        self.rows = {k: v for k, v in self.rows.items() if _live(v[0])}
-        for pens, outs, rows in _groups((out, p, r) for p, r, out in self.rows.values()):
-            grew = [(r, out) for out, r in zip(outs, rows, strict=True) if pens.grew(r, len(out))]
-            pens.feed([r for r, _ in grew], [out[-1] for _, out in grew])
-        if batch_update is not None:
-            follow_batch(self.rows, batch_update, self._take)
-
-    @staticmethod
-    def _take(params: Any, output: list[int]) -> tuple[Pens, int, list[int]] | None:
-        got = pens_of(params)
-        return None if got is None else (*got, output)
-
-    def apply(self, logits: Tensor) -> Tensor:
-        step = self.board.step
-        if step is None or step.rows != logits.shape[0]:
-            return logits  # a warm-up run
-        for pens, at, rows in _groups((k, p, r) for k, (p, r, _) in self.rows.items()):
-            pens.choose(logits, step, at, rows)
-        return logits
-
-
-class PenProcessorV2(V2Interface):
-    """The pen processor of vLLM's Model Runner V2 (see the module)."""
-
-    def __init__(self, vllm_config: Any, req_states: Any) -> None:
-        self.board = _board(vllm_config)
-        self.slots: dict[int, tuple[Pens, int]] = {}  # request slot -> (pens, row)
-        self.last: list[tuple[Pens, int]] = []  # the rows of the last step
-
-    def add_request(self, req_idx: int, sampling_params: Any) -> bool:
-        got = pens_of(sampling_params)
-        if got is None:
-            self.slots.pop(req_idx, None)  # a slot's last occupant may have been ours
-            return False
-        self.slots[req_idx] = got
-        return True
-
-    def apply(self, logits: Tensor, ctx: LogitsContext) -> Tensor:
-        step = self.board.step
-        if step is None or step.rows != logits.shape[0]:
-            return logits  # a warm-up run
-        slots = ctx.expanded_idx_mapping.tolist()  # [R] each row's request slot
-        mine = [(r, *self.slots[s]) for r, s in enumerate(slots) if s in self.slots]
-        mine = [(r, pens, i) for r, pens, i in mine if _live(pens)]
-        if mine:
-            fed = ctx.input_ids.tolist()  # [R] the token each row wrote at its last step
-            pos = ctx.pos.tolist()  # [R] its position
-            for pens, at, rows in _groups(mine):
-                pairs = zip(at, rows, strict=True)
-                grew = [(r, i) for r, i in pairs if pens.grew(i, _count(pens, i, pos[r]))]
-                pens.feed([i for _, i in grew], [fed[r] for r, _ in grew])
-                pens.choose(logits, step, at, rows)
-        self._keep([(pens, i) for _, pens, i in mine], step)
-        return logits
-
-    def _keep(self, now: list[tuple[Pens, int]], step: Any) -> None:
-        """Rows of the last step that are not in this one (finished, or preempted) keep their
-        one row of its logits, so that the rest of that step can be freed."""
-        here = {(id(p), i) for p, i in now}
-        for pens, i in self.last:
-            entry = pens.unread[i]
-            if (id(pens), i) not in here and entry is not None and entry[0] is not step:
-                pens.unread[i] = (entry[0].keep(entry[1]), 0)
-        self.last = now
-
-
 def _count(pens: Pens, row: int, position: int) -> int:
     """Response tokens of ``row`` whose last is fed at ``position``."""
     return position + 1 - pens.prompts[row]
 
 
-def pen_processor(v2: bool) -> type:
-    """The pen processor for vLLM's Model Runner V2 (``v2``) or its V1 runner."""
-    return PenProcessorV2 if v2 else PenProcessorV1
+def _v1() -> type:
+    from vllm.v1.sample.logits_processor import LogitsProcessor
+
+    class PenProcessorV1(LogitsProcessor):
+        """The pen processor of vLLM's V1 model runner (see the module)."""
+
+        def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
+            self.board = _board(vllm_config)
+            self.rows: dict[int, tuple[Pens, int, list[int]]] = {}  # batch row -> (pens, row, out)
+
+        def is_argmax_invariant(self) -> bool:
+            return False  # it forces and restricts tokens, greedy requests included
+
+        def update_state(self, batch_update: Any) -> None:
+            self.rows = {k: v for k, v in self.rows.items() if _live(v[0])}
+            for pens, outs, rows in _groups((out, p, r) for p, r, out in self.rows.values()):
+                pairs = zip(outs, rows, strict=True)
+                grew = [(r, out) for out, r in pairs if pens.grew(r, len(out))]
+                pens.feed([r for r, _ in grew], [out[-1] for _, out in grew])
+            if batch_update is not None:
+                follow_batch(self.rows, batch_update, self._take)
+
+        @staticmethod
+        def _take(params: Any, output: list[int]) -> tuple[Pens, int, list[int]] | None:
+            got = pens_of(params)
+            return None if got is None else (*got, output)
+
+        def apply(self, logits: Tensor) -> Tensor:
+            step = self.board.step
+            if step is None or step.rows != logits.shape[0]:
+                return logits  # a warm-up run
+            for pens, at, rows in _groups((k, p, r) for k, (p, r, _) in self.rows.items()):
+                pens.choose(logits, step, at, rows)
+            return logits
+
+    return PenProcessorV1
+
+
+def _v2() -> type:
+    from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor
+
+    class PenProcessorV2(LogitsProcessor):
+        """The pen processor of vLLM's Model Runner V2 (see the module)."""
+
+        def __init__(self, vllm_config: Any, req_states: Any) -> None:
+            self.board = _board(vllm_config)
+            self.slots: dict[int, tuple[Pens, int]] = {}  # request slot -> (pens, row)
+            self.last: list[tuple[Pens, int]] = []  # the rows of the last step
+
+        def add_request(self, req_idx: int, sampling_params: Any) -> bool:
+            got = pens_of(sampling_params)
+            if got is None:
+                self.slots.pop(req_idx, None)  # a slot's last occupant may have been ours
+                return False
+            self.slots[req_idx] = got
+            return True
+
+        def apply(self, logits: Tensor, ctx: Any) -> Tensor:
+            step = self.board.step
+            if step is None or step.rows != logits.shape[0]:
+                return logits  # a warm-up run
+            slots = ctx.expanded_idx_mapping.tolist()  # [R] each row's request slot
+            mine = [(r, *self.slots[s]) for r, s in enumerate(slots) if s in self.slots]
+            mine = [(r, pens, i) for r, pens, i in mine if _live(pens)]
+            if mine:
+                fed = ctx.input_ids.tolist()  # [R] the token each row wrote at its last step
+                pos = ctx.pos.tolist()  # [R] its position
+                for pens, at, rows in _groups(mine):
+                    pairs = zip(at, rows, strict=True)
+                    grew = [(r, i) for r, i in pairs if pens.grew(i, _count(pens, i, pos[r]))]
+                    pens.feed([i for _, i in grew], [fed[r] for r, _ in grew])
+                    pens.choose(logits, step, at, rows)
+            self._keep([(pens, i) for _, pens, i in mine], step)
+            return logits
+
+        def _keep(self, now: list[tuple[Pens, int]], step: Any) -> None:
+            """Rows of the last step that are not in this one (finished, or preempted) keep
+            their one row of its logits, so that the rest of that step can be freed."""
+            here = {(id(p), i) for p, i in now}
+            for pens, i in self.last:
+                entry = pens.unread[i]
+                if (id(pens), i) not in here and entry is not None and entry[0] is not step:
+                    pens.unread[i] = (entry[0].keep(entry[1]), 0)
+            self.last = now
+
+    return PenProcessorV2

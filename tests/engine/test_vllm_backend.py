@@ -22,6 +22,9 @@ pytest.importorskip("vllm", reason="vLLM is not installed (see .ci/vllm)")
 
 # float32 on CPU: vLLM's kernels and Hugging Face's differ by rounding only
 TOLERANCE = 1e-3
+# a test engine: the tiny world's positions, and a KV cache of 128 MiB of host memory (its
+# batches need a few MiB; a session holds a dozen engines)
+TEST_ENGINE = {"max_model_len": 512, "kv_cache_gib": 0.125}
 # Every engine a test starts lives to the end of the session: a vLLM engine that is garbage
 # collected tears down the process's distributed state, which the other engines still use.
 ALIVE: list[VLLMBackend] = []
@@ -35,7 +38,7 @@ def kept(backend: VLLMBackend) -> VLLMBackend:
 @pytest.fixture(scope="module")
 def backend(junior_folder, tokenizer):
     """The tandem engine: one vLLM engine holding both models."""
-    return kept(VLLMBackend("tiny", junior_folder, tokenizer, max_model_len=512))
+    return kept(VLLMBackend("tiny", junior_folder, tokenizer, **TEST_ENGINE))
 
 
 def forced(model, r: Rollouts) -> torch.Tensor:
@@ -160,7 +163,7 @@ def test_step_alternation(backend, prompts, tokenizer):
 def test_weights_load_in_place(junior_folder, senior, junior, prompts, tokenizer):
     """New weights reach the running engine (not its prefix cache of the old ones), and the
     step they come from is what the backend reports."""
-    backend = kept(VLLMBackend("tiny", None, tokenizer, max_model_len=512))
+    backend = kept(VLLMBackend("tiny", None, tokenizer, **TEST_ENGINE))
     params = SamplingParams(max_new_tokens=12)
     before = backend.generate(prompts, None, params)
     assert backend.weights_step == -1

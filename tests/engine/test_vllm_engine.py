@@ -14,7 +14,7 @@ import pytest
 from transformers import AutoConfig
 
 from tandem.assets import TINY_WORLD
-from tandem.engine import SENIOR, TorchBackend, build_backend
+from tandem.engine import SENIOR, TorchBackend, build_backend, vllm_engine
 from tandem.engine import backend as backend_module
 from tandem.engine.vllm_engine import engine_setup
 from tandem.engine.vllm_pair import pair_refusal
@@ -25,7 +25,7 @@ ONE = {"world": 1, "rank": 0, "local_rank": 0}
 def test_on_the_cpu_the_engine_is_eager_v1_without_sleep_seeded_per_batch():
     setup = engine_setup(gpu=False, **ONE)
     assert not setup.v2 and not setup.sleep and setup.seeds == "batch"
-    assert setup.args == {"enforce_eager": True}
+    assert setup.args == {"enforce_eager": True, "kv_cache_memory_bytes": 2**30}
     assert setup.env["VLLM_USE_V2_MODEL_RUNNER"] == "0"
     assert any("eager on the CPU" in note for note in setup.notes)
 
@@ -42,6 +42,17 @@ def test_on_gpus_cuda_graphs_and_sleep_are_on_and_v1_is_chosen_by_code():
     # the user's engine arguments win: eager wanted, so no CUDA graphs to back up in sleep
     eager = engine_setup(gpu=True, engine_args={"enforce_eager": True}, sleep=False, **ONE)
     assert eager.args == {"enforce_eager": True} and not eager.sleep
+
+
+def test_the_choices_are_said_once_a_process(caplog, monkeypatch):
+    monkeypatch.setattr(vllm_engine, "_said", set())
+    with caplog.at_level(logging.INFO, logger="tandem.engine.vllm_backend"):
+        for _ in range(3):  # three engines started
+            vllm_engine.say_once(engine_setup(gpu=False, **ONE).notes)
+    said = [r.getMessage() for r in caplog.records]
+    eager = "eager on the CPU (no compile, no CUDA graphs), no sleep mode"
+    assert sum(eager in m for m in said) == 1
+    assert len(said) == len(set(said)) == len(engine_setup(gpu=False, **ONE).notes)
 
 
 def test_every_rank_runs_its_own_engine_under_a_multi_process_trainer():

@@ -16,7 +16,7 @@ import torch
 
 from tandem.engine import SamplingParams
 from tandem.samplers import WordSampler
-from tests.engine.test_vllm_backend import kept
+from tests.engine.test_vllm_backend import TEST_ENGINE, kept
 
 pytest.importorskip("vllm", reason="vLLM is not installed (see .ci/vllm)")
 
@@ -41,13 +41,13 @@ def batch(tokenizer, prompts, seed: int):
 
 @pytest.fixture(scope="module")
 def engine(junior_folder, tokenizer):
-    return kept(VLLMBackend("tiny", junior_folder, tokenizer, max_model_len=512))
+    return kept(VLLMBackend("tiny", junior_folder, tokenizer, **TEST_ENGINE))
 
 
 @pytest.fixture(scope="module")
 def fresh(junior_folder, prompts, tokenizer):
     """The next batch, from an engine that never failed."""
-    backend = kept(VLLMBackend("tiny", junior_folder, tokenizer, max_model_len=512))
+    backend = kept(VLLMBackend("tiny", junior_folder, tokenizer, **TEST_ENGINE))
     return backend.generate(*batch(tokenizer, prompts, seed=8))
 
 

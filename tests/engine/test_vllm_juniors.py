@@ -19,7 +19,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig
 from tandem.assets import TINY_WORLD
 from tandem.engine import Rollouts, SamplingParams
 from tandem.samplers import WordSampler
-from tests.engine.test_vllm_backend import TOLERANCE, kept
+from tests.engine.test_vllm_backend import TEST_ENGINE, TOLERANCE, kept
 from tests.engine.test_vllm_pair import replay
 
 pytest.importorskip("vllm", reason="vLLM is not installed (see .ci/vllm)")
@@ -108,7 +108,7 @@ def plain_forced(model, r: Rollouts) -> torch.Tensor:
 
 def test_a_junior_is_served_from_its_own_config(own, senior, prompts, tokenizer):
     folder, model = own
-    pair = kept(VLLMBackend("tiny", folder, tokenizer, max_model_len=512))
+    pair = kept(VLLMBackend("tiny", folder, tokenizer, **TEST_ENGINE))
     sampler = WordSampler(tokenizer, p=0.5, max_gap_tokens=3)
     params = SamplingParams(max_new_tokens=40, samples_per_prompt=2, eos_token_ids=(), seed=4)
     r = pair.generate(prompts, sampler, params)
@@ -132,4 +132,4 @@ def test_pairs_that_cannot_share_a_block_table_are_refused(tmp_path: Path, token
         AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / name)
         tokenizer.save_pretrained(tmp_path / name)
         with pytest.raises(ValueError, match=says):
-            VLLMBackend("tiny", str(tmp_path / name), tokenizer, max_model_len=512)
+            VLLMBackend("tiny", str(tmp_path / name), tokenizer, **TEST_ENGINE)

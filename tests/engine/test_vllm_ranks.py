@@ -38,6 +38,7 @@ COMMON = [
     "trainer=fsdp",
     "module.backend.name=vllm",
     "+module.backend.max_model_len=512",
+    "+module.backend.kv_cache_gib=0.125",
 ]
 
 

@@ -22,7 +22,7 @@ import torch
 from tandem.engine import SamplingParams
 from tandem.engine.vllm_engine import engine_setup
 from tandem.samplers import WordSampler
-from tests.engine.test_vllm_backend import kept
+from tests.engine.test_vllm_backend import TEST_ENGINE, kept
 
 pytest.importorskip("vllm", reason="vLLM is not installed (see .ci/vllm)")
 
@@ -36,7 +36,9 @@ from vllm.v1.worker.gpu.sample.logits_processor import (
 from tandem.engine import vllm_processors
 from tandem.engine.vllm_backend import VLLMBackend
 from tandem.engine.vllm_pens import KEY, PENS, Pens
-from tandem.engine.vllm_processors import PenProcessorV1, PenProcessorV2, pen_processor
+from tandem.engine.vllm_processors import pen_processor
+
+PenProcessorV1, PenProcessorV2 = pen_processor(False), pen_processor(True)
 
 BOARD = "v2-drive"
 
@@ -61,7 +63,7 @@ def load_v2(classes: list[type]) -> list:
 def test_vllms_v2_loader_takes_the_processor_the_backend_builds_for_v2():
     setup = engine_setup(gpu=True, world=1, rank=0, local_rank=0, model_runner="v2")
     chosen = pen_processor(setup.v2)
-    assert chosen is PenProcessorV2
+    assert chosen is PenProcessorV2 and chosen.__name__ == "PenProcessorV2"
     (processor,) = load_v2([chosen])
     assert isinstance(processor, PenProcessorV2)
     validate = build_custom_logits_processors_params_validator([chosen])
@@ -89,7 +91,7 @@ class Recorder:
                 self.steps.append({"step": step, "rows": order, "logits": out.clone()})
             return out
 
-        monkeypatch.setattr(vllm_processors.PenProcessorV1, "apply", apply)
+        monkeypatch.setattr(PenProcessorV1, "apply", apply)
 
 
 def drive_v2(recorded: Recorder, v1: Pens, prompts: list[list[int]]) -> tuple[Pens, int]:
@@ -142,7 +144,7 @@ def test_the_v2_processor_writes_what_v1_wrote(junior_folder, prompts, tokenizer
         "tiny",
         junior_folder,
         tokenizer,
-        max_model_len=512,
+        **TEST_ENGINE,
         engine_args={"num_gpu_blocks_override": 10},
     )
     sampler = WordSampler(tokenizer, p=0.5, max_gap_tokens=4)

@@ -8,6 +8,8 @@ engine's statistics on the same prompts.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -23,8 +25,11 @@ pytest.importorskip("vllm", reason="vLLM is not installed (see .ci/vllm)")
 # float32 on CPU: vLLM's kernels and Hugging Face's differ by rounding only
 TOLERANCE = 1e-3
 # a test engine: the tiny world's positions, and a KV cache of 128 MiB of host memory (its
-# batches need a few MiB; a session holds a dozen engines)
+# batches need a few MiB; a session holds a dozen engines). On a GPU, TANDEM_TEST_MODEL_RUNNER=v2
+# runs the engines on vLLM's Model Runner V2 (docs/vllm.md, what only a GPU can confirm)
 TEST_ENGINE = {"max_model_len": 512, "kv_cache_gib": 0.125}
+if os.environ.get("TANDEM_TEST_MODEL_RUNNER"):
+    TEST_ENGINE["model_runner"] = os.environ["TANDEM_TEST_MODEL_RUNNER"]
 # Every engine a test starts lives to the end of the session: a vLLM engine that is garbage
 # collected tears down the process's distributed state, which the other engines still use.
 ALIVE: list[VLLMBackend] = []

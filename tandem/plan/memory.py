@@ -222,8 +222,8 @@ def _vllm_engine(s: Settings, devices, totals, problems: list[str], notes: list[
     its weights and CUDA graphs backed up in host memory, its KV cache dropped."""
     if s.accelerator != "gpu":
         notes.append(
-            "module.backend.name=vllm on the CPU: its KV cache is VLLM_CPU_KVCACHE_SPACE "
-            "(the backend's kv_cache_gib) of host memory, not planned here."
+            "module.backend.name=vllm on the CPU: its KV cache is the backend's kv_cache_gib "
+            "of host memory, not planned here."
         )
         return
     weight = 2 if s.vllm_dtype in ("bfloat16", "float16") else 4

@@ -102,15 +102,12 @@ def test_the_example_sampler_runs_on_both_backends(examples, monkeypatch):
     r = generate(model, model, prompts, sampler, params)
     turn = torch.tensor([SENIOR] * 3 + [JUNIOR] * 3)
     assert torch.equal(r.authors, turn.repeat(2).expand(4, -1))
-    # the vLLM backend's turns, without vLLM: the same schedule, cut into requests
-    monkeypatch.syspath_prepend(str(ROOT / "tests" / "engine"))
-    from test_vllm_turns import in_turns, reference
+    # the vLLM pair's pens, without vLLM: the same schedule, stepped as its processor steps it
+    from tests.engine.vllm_replay import pens_authors
 
     sampler.bind(len(tokenizer), "cpu")
-    script, coins = list(range(10, 30)), torch.rand(20, 2)
-    expected = reference(sampler, 5, script, coins, torch.rand(1))
-    got, requests = in_turns(sampler, 5, script, coins, torch.rand(1), len(tokenizer))
-    assert got == expected and requests == 7
+    authors = pens_authors(sampler, 5, list(range(10, 30)), seed=3, vocab=len(tokenizer))
+    assert authors == ([SENIOR] * 3 + [JUNIOR] * 3) * 3 + [SENIOR] * 2
 
 
 def test_a_sampler_that_may_keep_the_junior_out_runs_on(examples, tmp_path):

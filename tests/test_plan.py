@@ -184,8 +184,10 @@ VLLM = ("module.backend.name=vllm", "+module.backend.dtype=bfloat16")
 def test_a_vllm_engine_holds_its_share_of_the_device_in_every_phase(qwen3_4b: str) -> None:
     share = "+module.backend.engine_args.gpu_memory_utilization=0.5"
     # the shards and AdamW state on the host for good: vLLM holds its share through the update
+    # when it does not sleep (asleep, it holds the rollout only: tests/test_plan_vllm.py)
     offload = "trainer.strategy.offload=fsdp"
-    plan = make_plan(paper(qwen3_4b, *VLLM, share, offload), devices=devices(2, 80))
+    awake = "+module.backend.sleep=false"
+    plan = make_plan(paper(qwen3_4b, *VLLM, share, offload, awake), devices=devices(2, 80))
     assert plan.fits and not plan.problems
     first = plan.devices[0]
     for phase, terms in first.phases.items():

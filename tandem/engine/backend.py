@@ -5,11 +5,13 @@ they were loaded from in ``name_or_path``) and then serves::
 
     rollouts = backend.generate(prompts, sampler, params)      # the Rollouts contract
     backend.sync(senior, step)                                 # after optimizer steps
+    backend.sleep()                                            # before the trainer updates
 
 ``weights_step`` is the optimizer step of the senior weights the backend samples from; the
 trainer logs it with every batch, so a stale engine shows. The torch backend samples from the
 training module itself (its weights are always current); vLLM holds its own copy, refreshed
-in-process by ``load_weights``.
+in-process by ``load_weights``, and can free its device while the trainer updates (``sleep``;
+the next ``sync`` or ``generate`` wakes it).
 
 ``build_backend("vllm", ...)`` falls back to the torch engine, saying so once, where vLLM is not
 installed, so that configs naming vLLM still run on a machine without it.
@@ -55,6 +57,8 @@ class Backend(Protocol):
     def load_weights(self, weights: Weights, step: int) -> None: ...
 
     def sync(self, senior: Any, step: int) -> None: ...
+
+    def sleep(self) -> None: ...
 
 
 @BACKENDS.register("torch")
@@ -118,6 +122,9 @@ class TorchBackend:
         """The senior *is* the trained module: nothing to copy."""
         assert senior is self.senior, "the torch backend must sample from the trained senior"
         self.weights_step = step
+
+    def sleep(self) -> None:
+        """Nothing to free: the torch engine holds nothing between rollouts."""
 
 
 _warned: set[str] = set()

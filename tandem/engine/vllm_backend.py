@@ -1,45 +1,43 @@
-"""The vLLM backend: solo sampling at scale, and tandem generation in one or two vLLM engines.
+"""The vLLM backend: solo sampling at scale, and tandem generation in one vLLM engine.
 
-Solo: one request per rollout row (``samples_per_prompt`` rows share their prompt's prefix
-cache), the raw log-prob of each sampled token from vLLM (``logprobs_mode="raw_logprobs"``: the
-model's own log-softmax at temperature 1, before temperature, top-k/top-p and logits
-processors; the torch engine records the same quantity).
+Solo, without a junior: a plain engine of the senior, one request per rollout row
+(``samples_per_prompt`` rows share their prompt's prefix cache), the raw log-prob of each sampled
+token from vLLM (``logprobs_mode="raw_logprobs"``: the model's own log-softmax at temperature
+1, before temperature, top-k/top-p and logits processors; the torch engine records the same).
 
-Tandem, ``engine="pair"`` (``auto`` where the two models share a shape): one engine holding
-both models (``tandem.engine.vllm_pair``), a batch in one ``generate`` call, the schedule
-stepped per row by the pen processor (``tandem.engine.vllm_pens``), which records each token's
-author and its log-probs under both models.
+With a junior: one engine holding both models (``tandem.engine.vllm_pair``), each built from its
+own config; a batch is one ``generate`` call, the schedule stepped per row by the pen processor
+(``tandem.engine.vllm_processors``), which records each token's author and its log-probs under
+both models. Solo rows on it read the junior along at no extra call. A junior of another
+vocabulary is the torch engine's (``tandem.engine.cross``); a pair whose KV pages cannot share
+one block table is refused before any engine starts (``pair_refusal``).
 
-Tandem, ``engine="turns"``: a senior engine and a junior engine over the same context, in turns.
-A turn is one request to its author's engine; a logits processor steps the handoff sampler over
-the author's tokens as they come (the sampler's own ``step``, on one row, with the row's coins:
-the schedule is defined once, in ``tandem.samplers``) and forces a stop token once the sampler
-hands the pen over; the backend replays the same steps over the output, with the same coins, and
-cuts it there. The next turn is a request to the other engine with the shared context as its
-prompt, which prefix caching makes cheap to re-read. Where the sampler retracts a token (the
-word sampler's ``onset`` rule), the next turn's first token is drawn from ``sampler.allowed``,
-as the torch engine's redraw is. Each token's log-prob under the model that did not write it
-comes from one teacher-forced pass (``prompt_logprobs``) per engine at the end.
+Where it runs (``tandem.engine.vllm_engine``): the model runner, CUDA graphs, sleep mode, the
+seeds and one engine per rank are decided from the device and the trainer's processes, and said
+once in the log.
+
+Failures: an exception inside vLLM's step (the pen processor, the pair model) would leave the
+batch's requests running in vLLM's scheduler, and the next ``generate`` would wait on them for
+ever. The backend aborts them and raises once (``EngineFailed``, with the cause); the next
+``generate`` runs as on a fresh engine.
 
 Weights: ``load_weights`` puts the senior's new weights into the running engine in-process
 (``LLM.collective_rpc("reload_weights", weights_iterator=...)``, then ``reset_prefix_cache`` so
 that no KV computed under the old weights is reused) and records the step they come from in
-``weights_step``, which ``generate`` logs with every batch. This needs the engine in this
-process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (set here unless the environment says otherwise).
+``weights_step``, which ``generate`` logs with every batch. An FSDP-sharded senior's parameters
+are ``DTensor`` shards: each is gathered whole (``full_tensor``) as vLLM reads it, one tensor at
+a time, so no rank holds a second full copy.
 
-An FSDP-sharded senior's parameters are ``DTensor`` shards: ``load_weights`` gathers each whole
-(``full_tensor``) as vLLM reads it, one tensor at a time, so no rank holds a second full copy.
-
-What this file leaves out: a turn inside the engine (``tandem.engine.vllm_turns``: the logits
-processor and the schedule it steps) and tensor/pipeline parallel engines.
+What this file leaves out: the pair model, its rows and its processors (``vllm_pair``,
+``vllm_pens``, ``vllm_processors``) and the engine's settings (``vllm_engine``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import os
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -47,45 +45,60 @@ from torch import Tensor
 
 from tandem.assets import resolve
 from tandem.engine.backend import Weights
-from tandem.engine.base import JUNIOR, PAD, SENIOR, Rollouts, SamplingParams, StopReason
+from tandem.engine.base import PAD, SENIOR, Rollouts, SamplingParams, StopReason
 from tandem.engine.layout import Prompts, decoded, eos_ids, finish, pad_id, padded
-from tandem.engine.vllm_pair import ARCHITECTURE, BOARDS, QuietJuniorReload, register
-from tandem.engine.vllm_pair import shape_mismatch as pair_mismatch
-from tandem.engine.vllm_pens import KEY as PEN
-from tandem.engine.vllm_pens import pen_processor, run_pens
-from tandem.engine.vllm_turns import KEY, Row, run_turns, sampled, turn_processor
+from tandem.engine.vllm_engine import (
+    engine_setup,
+    eos_sources,
+    folder_config,
+    folder_tokenizer,
+    on_gpu,
+    processes,
+    say_once,
+    set_environment,
+)
+from tandem.engine.vllm_pair import ARCHITECTURE, QuietJuniorReload, pair_refusal, register
+from tandem.engine.vllm_pens import KEY, run_pens
 from tandem.registry import BACKENDS
 from tandem.samplers.base import Sampler
 
 log = logging.getLogger(__name__)
 
 
-ENGINES = ("auto", "pair", "turns")
+class EngineFailed(RuntimeError):
+    """vLLM failed inside a batch; its requests were aborted and the engine goes on."""
+
+
+@dataclass
+class Row:
+    """One rollout in the making."""
+
+    context: list[int]  # prompt + response so far
+    prompt_length: int
+    tokens: list[int] = field(default_factory=list)
+    authors: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)  # the author's
+    stop: int | None = None
 
 
 @BACKENDS.register("vllm")
 class VLLMBackend:
-    """Senior (and junior) vLLM engines in this process.
+    """A vLLM engine in this process: the senior alone, or the senior and the junior.
 
     Args:
         senior: the senior's model folder (or hub name, or ``tiny``).
-        junior: the junior's; ``None`` for solo only; the senior's folder shares its engine
-            until the first ``load_weights``.
+        junior: the junior's; ``None`` for solo only.
         tokenizer: decodes ``Rollouts.texts`` and supplies the pad id.
-        dtype: the engines' dtype (float32 to match the torch engine's log-probs).
-        seed: the engines' seed (each request also gets its own seed from ``params.seed``).
+        dtype: the engine's dtype (float32 to match the torch engine's log-probs).
+        seed: the engine's seed (the rollouts' draws come from ``params.seed``).
         max_model_len: the longest prompt + response (None: the model's own limit).
-        kv_cache_gib: KV cache per engine on CPU (``VLLM_CPU_KVCACHE_SPACE``).
-        sync_every: ``sync`` loads the senior's weights every this many training steps
-            (batches of rollouts).
-        engine: ``"pair"`` (both models in one engine, ``tandem.engine.vllm_pair``),
-            ``"turns"`` (two engines, in turns) or ``"auto"`` (the pair where the two models'
-            configs agree on their shapes, else turns, saying why).
+        kv_cache_gib: the KV cache's host memory on the CPU (on GPUs: ``gpu_memory_utilization``).
+        sync_every: ``sync`` loads the senior's weights every this many training steps.
+        model_runner: ``v1`` or ``v2``: vLLM's model runner on GPUs (``tandem.engine.vllm_engine``).
+        sleep: sleep while the trainer updates (None: on GPUs).
+        seeds: ``batch``, ``request`` or ``auto`` (``tandem.engine.vllm_engine``).
         engine_args: more ``vllm.LLM`` arguments (e.g. ``gpu_memory_utilization``).
     """
-
-    #: the tandem engine built: "pair", "turns", or None (no junior)
-    engine: str | None = None
 
     def __init__(
         self,
@@ -98,121 +111,135 @@ class VLLMBackend:
         max_model_len: int | None = None,
         kv_cache_gib: float = 1.0,
         sync_every: int = 1,
-        engine: str = "auto",
+        model_runner: str = "v1",
+        sleep: bool | None = None,
+        seeds: str = "auto",
         engine_args: dict[str, Any] | None = None,
     ) -> None:
         if sync_every < 1:
             raise ValueError(f"sync_every ({sync_every}) must be >= 1 training step.")
-        if engine not in ENGINES:
-            raise ValueError(
-                f"engine ({engine!r}) must be one of {ENGINES}: 'pair' runs senior and junior in "
-                "one vLLM engine, 'turns' in two, 'auto' picks the pair where it can."
-            )
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_gib))))
-        if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":
-            raise RuntimeError(
-                "VLLM_ENABLE_V1_MULTIPROCESSING is not 0: the backend loads new weights into the "
-                "engine in-process and its logits processor reads tables from this process. "
-                "Unset it or set it to 0."
-            )
         self.paths = (resolve(senior), None if junior is None else resolve(junior))
-        self.tokenizer = tokenizer if tokenizer is not None else _tokenizer(self.paths[0])
-        self.sync_every, self.weights_step = sync_every, -1
-        self.resumed = 0  # pair requests vLLM preempted and took back, in the last batch
-        self.args = dict(
-            dtype=dtype,
-            seed=seed,
-            max_model_len=max_model_len,
-            enable_prefix_caching=True,
-            logits_processors=[turn_processor()],
-            # no chunked prefill: a seeded request whose prompt is split has its sample
-            # discarded, and vLLM 0.32 then rewinds its generator, which CPU generators refuse
-            **({"enforce_eager": True, "enable_chunked_prefill": False} | (engine_args or {})),
+        configs = [folder_config(p) for p in self.paths if p is not None]
+        refusal = None if junior is None else pair_refusal(*configs, max_model_len)
+        if refusal:
+            raise ValueError(f"one vLLM engine cannot hold this senior and junior: {refusal}")
+        world, rank, local = processes()
+        self.setup = engine_setup(
+            gpu=on_gpu(),
+            world=world,
+            rank=rank,
+            local_rank=local,
+            engine_args=engine_args,
+            model_runner=model_runner,
+            sleep=sleep,
+            seeds=seeds,
+            kv_cache_gib=kv_cache_gib,
         )
-        self.configs = _configs(self.paths[0])  # where the senior names its EOS ids
-        self.engine = None if junior is None else self._which(engine)
-        if self.engine == "pair":
-            self.senior = self.junior = self._pair()
-        else:
-            self.senior = self._engine(self.paths[0])
-            same = self.paths[1] == self.paths[0]
-            self.junior = self.senior if same else self._engine(self.paths[1]) if junior else None
-        self.vocab = self.senior.llm_engine.model_config.get_vocab_size()
+        set_environment(self.setup.env)
+        say_once(self.setup.notes)
+        self.tokenizer = tokenizer if tokenizer is not None else folder_tokenizer(self.paths[0])
+        self.configs = eos_sources(self.paths[0])  # where the senior names its EOS ids
+        self.sync_every, self.weights_step = sync_every, -1
+        self.resumed = 0  # requests vLLM preempted and took back, in the last pair batch
+        self.asleep: set[str] = set()
+        #: ``batch`` or ``request`` (the setup's; benchmarks/vllm.py measures both)
+        self.seeds = self.setup.seeds
+        self.llm = self._start(dtype, seed, max_model_len)
+        self.vocab = self.llm.llm_engine.model_config.get_vocab_size()
 
     @classmethod
     def from_models(cls, senior: Any, junior: Any | None, tokenizer: Any, **options: Any):
-        """Engines for Hugging Face models, from the folders they were loaded from."""
+        """The engine for Hugging Face models, from the folders they were loaded from."""
         paths = [None if m is None else getattr(m, "name_or_path", None) for m in (senior, junior)]
         if not paths[0] or (junior is not None and not paths[1]):
             raise ValueError(
-                "the vLLM backend starts its engines from model folders, but a model has no "
+                "the vLLM backend starts its engine from model folders, but a model has no "
                 "name_or_path. Load it with from_pretrained, or use backend=torch."
             )
         return cls(paths[0], paths[1], tokenizer, **options)
 
-    def _engine(self, path: str) -> Any:
+    @property
+    def pair(self) -> bool:
+        """Whether the engine holds the junior too."""
+        return self.paths[1] is not None
+
+    def _start(self, dtype: str, seed: int, max_model_len: int | None) -> Any:
         from vllm import LLM
 
-        return LLM(model=path, **self.args)
+        args = dict(
+            dtype=dtype,
+            seed=seed,
+            max_model_len=max_model_len,
+            enable_prefix_caching=True,
+            # no chunked prefill: a seeded request whose prompt is split has its sample
+            # discarded, and vLLM 0.32 then rewinds its generator, which CPU generators refuse
+            enable_chunked_prefill=False,
+        )
+        if self.pair:
+            from tandem.engine.vllm_processors import pen_processor
 
-    def _which(self, engine: str) -> str:
-        """``pair`` or ``turns``: ``engine``, checked against the two models' configs."""
-        mismatch = pair_mismatch(self.configs[-1].to_dict(), _configs(self.paths[1])[-1].to_dict())
-        if engine == "pair" and mismatch:
-            raise ValueError(
-                f"engine='pair' needs a senior and a junior of one shape, but their configs "
-                f"differ in {mismatch}. Use engine='turns' (two engines) or engine='auto'."
+            register()
+            overrides = {
+                "architectures": [ARCHITECTURE],
+                "tandem_architecture": folder_config(self.paths[0])["architectures"][0],
+                "tandem_junior": self.paths[1],
+                "tandem_board": f"{id(self)}",
+            }
+            # the processor must see each row's last token before the next forward
+            args |= dict(hf_overrides=overrides, async_scheduling=False)
+            args["logits_processors"] = [pen_processor(self.setup.v2)]
+        llm = LLM(model=self.paths[0], **(args | self.setup.args))
+        if llm.llm_engine.vllm_config.use_v2_model_runner != self.setup.v2:
+            raise RuntimeError(
+                f"vLLM chose its {'V2' if not self.setup.v2 else 'V1'} model runner where the "
+                "backend set the other (VLLM_USE_V2_MODEL_RUNNER): the pair's processor would "
+                "not be loaded. Report it with vLLM's version."
             )
-        if engine == "auto" and mismatch:
-            log.info("vllm: two engines in turns, as the models differ in %s", mismatch)
-            return "turns"
-        return "pair" if engine == "auto" else engine
+        return llm
 
-    def _pair(self) -> Any:
-        """One engine holding both models (``tandem.engine.vllm_pair``)."""
-        from vllm import LLM
-
-        register()
-        self.board_key = f"{id(self)}"
-        overrides = {
-            "architectures": [ARCHITECTURE],
-            "tandem_architecture": self.configs[-1].architectures[0],
-            "tandem_junior": self.paths[1],
-            "tandem_board": self.board_key,
-        }
-        args = self.args | {"logits_processors": [pen_processor()], "async_scheduling": False}
-        return LLM(model=self.paths[0], hf_overrides=overrides, **args)
-
-    # -- weights -----------------------------------------------------------------------------
+    # -- weights and sleep -------------------------------------------------------------------
     def load_weights(self, weights: Weights, step: int) -> None:
-        """Load the senior's new weights (HF names) into the running senior engine."""
-        if self.junior is self.senior and self.engine != "pair":
-            self.junior = self._engine(self.paths[1])  # the junior stays at the starting weights
+        """Load the senior's new weights (HF names) into the running engine."""
+        self._wake("weights")
         items = weights.items() if hasattr(weights, "items") else weights
         stream = ((name, full_tensor(t.detach())) for name, t in items)
         # the pair's junior layers are left alone by design; a plain engine's warnings stay
-        quiet = QuietJuniorReload() if self.engine == "pair" else None
+        quiet = QuietJuniorReload() if self.pair else None
         layerwise = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
         if quiet is not None:
             layerwise.addFilter(quiet)
         try:
-            self.senior.collective_rpc(
+            self.llm.collective_rpc(
                 "reload_weights", kwargs={"weights_iterator": stream, "is_checkpoint_format": True}
             )
         finally:
             if quiet is not None:
                 layerwise.removeFilter(quiet)
-        self.senior.reset_prefix_cache()  # cached KV was computed by the old weights
+        self.llm.reset_prefix_cache()  # cached KV was computed by the old weights
         self.weights_step = step
 
     def sync(self, senior: Any, step: int) -> None:
-        """Load ``senior``'s weights when ``sync_every`` steps have passed (or never loaded).
+        """Load ``senior``'s weights when ``sync_every`` steps have passed (or never loaded),
+        waking the engine first where it sleeps: weights, the load, then its KV cache.
 
         A sharded senior's parameters are gathered one tensor at a time as vLLM reads them (so
         every rank must sync at the same step, as the trainer does)."""
         if self.weights_step < 0 or step - self.weights_step >= self.sync_every:
             self.load_weights(senior.state_dict(), step)
+        self._wake()
+
+    def sleep(self) -> None:
+        """Free the device while the trainer updates (sleep mode, where on): the weights go to
+        host memory, the KV cache is dropped; the next ``sync`` or ``generate`` wakes it."""
+        if self.setup.sleep and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = {"weights", "kv_cache"}
+
+    def _wake(self, *tags: str) -> None:
+        todo = [t for t in (tags or ("weights", "kv_cache")) if t in self.asleep]
+        if todo:
+            self.llm.wake_up(tags=todo)
+            self.asleep -= set(todo)
 
     # -- generation --------------------------------------------------------------------------
     def generate(
@@ -230,11 +257,14 @@ class VLLMBackend:
             sampler: who authors; ``None`` or solo: the senior alone.
             params: sampling parameters.
             junior: whether the junior's log-probs are recorded (None: when it writes).
+
+        Raises:
+            EngineFailed: vLLM failed inside the batch (its requests were aborted).
         """
         params = params if params is not None else SamplingParams()
         solo = sampler is None or getattr(sampler, "solo", False)
         reads = junior if junior is not None else not solo
-        if (reads or not solo) and self.junior is None:
+        if (reads or not solo) and not self.pair:
             raise ValueError(
                 f"{sampler!r} needs the junior, but this backend was built without one. "
                 "Pass junior=<its folder>, or use the solo sampler."
@@ -254,29 +284,24 @@ class VLLMBackend:
             self.weights_step,
             "" if solo else f", tandem with {sampler!r}",
         )
-        # the id forced where a schedule ends (a turn, a cap on turns), cut from the rows
-        stop = eos[0] if eos else int(self.tokenizer.pad_token_id or 0)
+        self._wake()
+        if not self.pair:
+            self._solo(rows, params, eos)
+            return self._rollouts(rows, batch, g, eos, None)
         if not solo:
             tables = sampler.tables
             sampler.bind(self.vocab if tables is None else max(self.vocab, tables.size), "cpu")
-        if self.engine == "pair":
-            junior_lps = self._pair_generate(rows, None if solo else sampler, params, eos, stop)
-            return self._rollouts(rows, batch, g, eos, None, junior_lps if reads else None)
-        if solo:
-            self._solo(rows, params, eos)
-        else:
-            run_turns(self, rows, sampler, params, eos, stop)
-        junior_lps = self._forced(self.junior, rows, JUNIOR) if reads else None
-        senior_lps = self._forced(self.senior, rows, SENIOR) if not solo else None
-        return self._rollouts(rows, batch, g, eos, senior_lps, junior_lps)
+        junior_lps = self._pair_generate(rows, None if solo else sampler, params, eos)
+        return self._rollouts(rows, batch, g, eos, junior_lps if reads else None)
 
-    def _pair_generate(self, rows: list[Row], sampler: Sampler | None, params, eos, stop: int):
+    def _pair_generate(self, rows: list[Row], sampler: Sampler | None, params, eos):
         """Every row in one ``generate`` call of the pair engine; fills ``rows`` with their
         tokens, authors and senior log-probs, and returns the junior's log-probs."""
+        # the id forced where a schedule ends (a cap on turns), cut from the rows
+        stop = eos[0] if eos else int(self.tokenizer.pad_token_id or 0)
         pens = run_pens(
-            lambda sampling: self._run(self.senior, rows, sampling),
-            lambda i, key: self._request(rows[i], i, params, eos, key, stop, extra=PEN),
-            BOARDS[self.board_key],
+            lambda sampling: self._run(rows, sampling, params.seed),
+            lambda i, key: self._request(rows[i], i, params, eos, key, stop),
             rows,
             sampler,
             params,
@@ -294,36 +319,59 @@ class VLLMBackend:
                 row.stop = StopReason.LENGTH  # the schedule's own end: a cap on turns
         return junior
 
-    def _request(
-        self, row: Row, index: int, params: SamplingParams, eos, key=None, stop=None, extra=KEY
-    ) -> Any:
+    def _request(self, row: Row, index: int, params: SamplingParams, eos, key=None, stop=None):
         from vllm import SamplingParams as VSamplingParams
 
-        row.requests += 1
         # params.kv_cache_gib is the torch engine's: vLLM sizes its own cache (engine_args'
         # gpu_memory_utilization; on CPU, this backend's own kv_cache_gib), so it is not read
         return VSamplingParams(
             n=1,
-            max_tokens=params.budget(row.prompt_length) - len(row.tokens),
+            max_tokens=params.budget(row.prompt_length),
             temperature=params.temperature,
             top_p=params.top_p,
             top_k=params.top_k,
-            seed=_mix(params.seed, index, row.requests),
-            logprobs=None if extra == PEN else 0,  # the pen records both models' own
+            seed=_mix(params.seed, index) if self.seeds == "request" else None,
+            logprobs=None if key is not None else 0,  # the pen records both models' own
             stop_token_ids=list(eos) + ([stop] if key is not None else []),
             ignore_eos=True,  # the stop ids above are the only EOS, as in the torch engine
             detokenize=False,
-            extra_args=None if key is None else {extra: key},
+            extra_args=None if key is None else {KEY: key},
         )
 
-    def _run(self, engine: Any, rows: list[Row], sampling: list[Any]) -> list[Any]:
+    def _run(self, rows: list[Row], sampling: list[Any], seed: int) -> list[Any]:
+        """One ``generate`` call; on a failure inside vLLM, its requests are aborted."""
         prompts = [{"prompt_token_ids": r.context} for r in rows]
-        return [o.outputs[0] for o in engine.generate(prompts, sampling, use_tqdm=False)]
+        try:
+            with self._seeded(seed):
+                return [o.outputs[0] for o in self.llm.generate(prompts, sampling, use_tqdm=False)]
+        except Exception as error:
+            aborted = abort_unfinished(self.llm)
+            raise EngineFailed(
+                f"vLLM failed inside a batch of {len(rows)} requests ({type(error).__name__}: "
+                f"{error}). Its {aborted} unfinished requests were aborted; the engine serves "
+                "the next batch."
+            ) from error
+        except BaseException:  # an interrupt: leave the engine clean, and go on stopping
+            abort_unfinished(self.llm)
+            raise
+
+    @contextlib.contextmanager
+    def _seeded(self, seed: int) -> Iterator[None]:
+        """``seeds="batch"``: the device's generator seeded for this call from ``seed``, and
+        the process's own random state as it was afterwards."""
+        if self.seeds != "batch":
+            yield
+            return
+        devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(_mix(seed, 0))
+            yield
 
     def _solo(self, rows: list[Row], params: SamplingParams, eos: tuple[int, ...]) -> None:
         sampling = [self._request(r, i, params, eos) for i, r in enumerate(rows)]
-        for row, out in zip(rows, self._run(self.senior, rows, sampling), strict=True):
-            for token, lp in zip(out.token_ids, sampled(out), strict=True):
+        for row, out in zip(rows, self._run(rows, sampling, params.seed), strict=True):
+            lps = [d[t].logprob for t, d in zip(out.token_ids, out.logprobs, strict=True)]
+            for token, lp in zip(out.token_ids, lps, strict=True):
                 if self._emit(row, token, lp, SENIOR, params, eos):
                     break
 
@@ -339,33 +387,15 @@ class VLLMBackend:
             row.stop = StopReason.LENGTH
         return row.stop is not None
 
-    def _forced(self, engine: Any, rows: list[Row], code: int) -> list[list[float]]:
-        """Each response token's raw log-prob under ``engine``'s model (teacher-forced where
-        another model wrote it, the sampled value where this one did)."""
-        from vllm import SamplingParams as VSamplingParams
-
-        todo = [i for i, r in enumerate(rows) if any(a != code for a in r.authors)]
-        out = [list(r.logprobs) for r in rows]
-        if todo:
-            sampling = VSamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
-            prompts = [{"prompt_token_ids": rows[i].context} for i in todo]
-            for i, o in zip(todo, engine.generate(prompts, sampling, use_tqdm=False), strict=True):
-                row, forced = rows[i], o.prompt_logprobs
-                for t, (token, a) in enumerate(zip(row.tokens, row.authors, strict=True)):
-                    if a != code:
-                        out[i][t] = forced[row.prompt_length + t][token].logprob
-        return out
-
-    def _rollouts(self, rows, batch: Prompts, g: int, eos, senior_lps, junior_lps) -> Rollouts:
+    def _rollouts(self, rows, batch: Prompts, g: int, eos, junior_lps) -> Rollouts:
         pad = pad_id(eos, (self.tokenizer,))
         tokens = padded([r.tokens for r in rows], pad, torch.long)  # [N, T]
         lengths = torch.tensor([len(r.tokens) for r in rows])  # [N]
-        senior = [r.logprobs for r in rows] if senior_lps is None else senior_lps
         return finish(
             Rollouts,
             tokens=tokens,
             authors=padded([r.authors for r in rows], PAD, torch.long),  # [N, T]
-            senior_logprobs=padded(senior, 0.0, torch.float32),  # [N, T]
+            senior_logprobs=padded([r.logprobs for r in rows], 0.0, torch.float32),  # [N, T]
             junior_logprobs=None if junior_lps is None else padded(junior_lps, 0.0, torch.float32),
             lengths=lengths,
             stop_reasons=torch.tensor([int(r.stop) for r in rows]),
@@ -375,30 +405,19 @@ class VLLMBackend:
         )
 
 
-def _mix(seed: int, row: int, request: int) -> int:
-    """A request's seed from (params.seed, row, request count): reruns repeat it."""
-    return (seed * 1_000_003 + row * 7_919 + request * 104_729) % (2**31 - 1)
+def abort_unfinished(llm: Any) -> int:
+    """Abort every request ``llm`` has not finished (a ``generate`` that raised leaves its
+    batch running in the scheduler); how many there were."""
+    engine = llm.llm_engine
+    ids = list(engine.output_processor.request_states)
+    if ids:
+        engine.abort_request(ids, internal=True)
+    return len(ids)
 
 
-def _tokenizer(path: str) -> Any:
-    """The model folder's tokenizer, padding with EOS where it names no pad token."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
-
-
-def _configs(path: str) -> list[Any]:
-    """A model folder's generation config (where it has one) and config: where it names its
-    EOS ids, read in that order as the torch engine reads them."""
-    from transformers import AutoConfig, GenerationConfig
-
-    sources = []
-    if Path(path, "generation_config.json").is_file():
-        sources.append(GenerationConfig.from_pretrained(path))
-    return [*sources, AutoConfig.from_pretrained(path)]
+def _mix(seed: int, row: int) -> int:
+    """A request's (or a batch's) seed from (params.seed, row): reruns repeat it."""
+    return (seed * 1_000_003 + row * 7_919) % (2**31 - 1)
 
 
 def full_tensor(t: Tensor) -> Tensor:

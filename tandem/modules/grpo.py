@@ -320,6 +320,7 @@ class TandemGRPO(L.LightningModule):
             batch, self.sampler, hp.group_size, logprob_temperature=self.loss_temperature
         )
         check_rollouts(rollouts, self.sampler)
+        self.backend.sleep()  # vLLM frees its device for the update (sleep mode, on GPUs)
         t1 = time.perf_counter()
         rewards = torch.tensor(self.reward.score(rollouts.texts, answers))  # [B*G]
         t2 = time.perf_counter()

@@ -24,7 +24,8 @@ The formulas of the forwards, backwards and rollouts are in ``tandem.plan.activa
 what was measured of each; ``benchmarks/plan_memory.py`` holds them to real training steps.
 
 With ``module.backend.name=vllm`` the torch engine's rollout terms give way to vLLM's engine:
-``gpu_memory_utilization`` of the senior's device, held in every phase (``_vllm_engine``).
+``gpu_memory_utilization`` of the senior's device, held in the rollout, and in every phase where
+it does not sleep through the update (``_vllm_engine``).
 
 On GPUs the host is planned too (``host_plan``): what each process loads there before its
 models move to their devices (the senior in float32, the junior), the runtime, and the shards,
@@ -214,13 +215,15 @@ def host_plan(s: Settings, phases: list[str], capacity: int | None) -> DevicePla
 
 def _vllm_engine(s: Settings, devices, totals, problems: list[str], notes: list[str]) -> None:
     """vLLM's engine beside the trainer, one per process on its device: it takes
-    ``gpu_memory_utilization`` of the device when it starts and keeps it through every phase;
-    the pair engine (``tandem.engine.vllm_pair``) holds both models' weights in it, and the
-    rest is KV cache, each position holding both models' keys and values."""
+    ``gpu_memory_utilization`` of the device when it starts; the pair engine
+    (``tandem.engine.vllm_pair``) holds both models' weights in it, and the rest is KV cache,
+    each position holding both models' keys and values. In sleep mode (the backend's default
+    on GPUs) it holds that share in the rollout only: it sleeps through the trainer's phases,
+    its weights and CUDA graphs backed up in host memory, its KV cache dropped."""
     if s.accelerator != "gpu":
         notes.append(
-            "module.backend.name=vllm on the CPU: its KV cache is VLLM_CPU_KVCACHE_SPACE "
-            "(the backend's kv_cache_gib) of host memory, not planned here."
+            "module.backend.name=vllm on the CPU: its KV cache is the backend's kv_cache_gib "
+            "of host memory, not planned here."
         )
         return
     weight = 2 if s.vllm_dtype in ("bfloat16", "float16") else 4
@@ -229,8 +232,9 @@ def _vllm_engine(s: Settings, devices, totals, problems: list[str], notes: list[
     for rank in range(min(s.local_ranks, len(devices))):
         name, capacity = devices[rank]
         reserved = int(s.vllm_utilization * capacity)
-        for bucket in totals[rank].values():
-            bucket["vllm_engine"] = bucket.get("vllm_engine", 0) + reserved
+        for phase, bucket in totals[rank].items():
+            if phase == "rollout" or not s.vllm_sleep:
+                bucket["vllm_engine"] = bucket.get("vllm_engine", 0) + reserved
         rows = max(0, reserved - weights) // per_row
         if rows < 1:
             problems.append(
@@ -246,6 +250,13 @@ def _vllm_engine(s: Settings, devices, totals, problems: list[str], notes: list[
                 f"the KV of {min(rows, s.rows_per_rank)} of this process's {s.rows_per_rank} "
                 f"rows at once ({per_row / GiB:.2f} GiB a row); vLLM queues the rest."
             )
+    if s.vllm_sleep:
+        notes.append(
+            f"vLLM sleeps while the trainer updates: its share of the device is free after the "
+            f"rollout, and both models' weights ({weights / GiB:.1f} GiB) and its CUDA graphs "
+            "wait in each process's host memory (module.backend.sleep=false keeps them on the "
+            "device)."
+        )
 
 
 def _junior_index(

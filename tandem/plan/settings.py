@@ -93,6 +93,7 @@ class Settings:
     backend: str
     vllm_utilization: float = 0.9
     vllm_dtype: str = "float32"
+    vllm_sleep: bool = True
     head_tokens: int | None = None
     read_tokens: int | None = None
 
@@ -155,6 +156,8 @@ class Settings:
             # vLLM's default share of its device, and VLLMBackend's default dtype
             vllm_utilization=float(engine_args.get("gpu_memory_utilization", 0.9)),
             vllm_dtype=str(backend_spec.get("dtype", "float32")),
+            # VLLMBackend's sleep: None sleeps on GPUs, the only devices planned
+            vllm_sleep=backend_spec.get("sleep") is not False,
         )
 
     # -- what the formulas read ----------------------------------------------------------------

@@ -8,6 +8,8 @@ engine's statistics on the same prompts.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -22,6 +24,12 @@ pytest.importorskip("vllm", reason="vLLM is not installed (see .ci/vllm)")
 
 # float32 on CPU: vLLM's kernels and Hugging Face's differ by rounding only
 TOLERANCE = 1e-3
+# a test engine: the tiny world's positions, and a KV cache of 128 MiB of host memory (its
+# batches need a few MiB; a session holds a dozen engines). On a GPU, TANDEM_TEST_MODEL_RUNNER=v2
+# runs the engines on vLLM's Model Runner V2 (docs/vllm.md, what only a GPU can confirm)
+TEST_ENGINE = {"max_model_len": 512, "kv_cache_gib": 0.125}
+if os.environ.get("TANDEM_TEST_MODEL_RUNNER"):
+    TEST_ENGINE["model_runner"] = os.environ["TANDEM_TEST_MODEL_RUNNER"]
 # Every engine a test starts lives to the end of the session: a vLLM engine that is garbage
 # collected tears down the process's distributed state, which the other engines still use.
 ALIVE: list[VLLMBackend] = []
@@ -32,12 +40,10 @@ def kept(backend: VLLMBackend) -> VLLMBackend:
     return backend
 
 
-@pytest.fixture(scope="module", params=["pair", "turns"])
-def backend(request, junior_folder, tokenizer):
-    """Both tandem engines: one vLLM engine holding both models, and two engines in turns."""
-    return kept(
-        VLLMBackend("tiny", junior_folder, tokenizer, engine=request.param, max_model_len=512)
-    )
+@pytest.fixture(scope="module")
+def backend(junior_folder, tokenizer):
+    """The tandem engine: one vLLM engine holding both models."""
+    return kept(VLLMBackend("tiny", junior_folder, tokenizer, **TEST_ENGINE))
 
 
 def forced(model, r: Rollouts) -> torch.Tensor:
@@ -162,7 +168,7 @@ def test_step_alternation(backend, prompts, tokenizer):
 def test_weights_load_in_place(junior_folder, senior, junior, prompts, tokenizer):
     """New weights reach the running engine (not its prefix cache of the old ones), and the
     step they come from is what the backend reports."""
-    backend = kept(VLLMBackend("tiny", None, tokenizer, max_model_len=512))
+    backend = kept(VLLMBackend("tiny", None, tokenizer, **TEST_ENGINE))
     params = SamplingParams(max_new_tokens=12)
     before = backend.generate(prompts, None, params)
     assert backend.weights_step == -1

@@ -1,11 +1,11 @@
-"""Tandem in one vLLM engine (``engine="pair"``) against independent references, on the tiny
-world (runs where vLLM is installed, in ``.ci/vllm``).
+"""Tandem in one vLLM engine (the pair) against independent references, on the tiny world
+(runs where vLLM is installed, in ``.ci/vllm``).
 
 References: a scalar replay of each sampler over the rollout's own tokens with the batch's
 coins (authors must be exactly the replay's); Hugging Face teacher forcing under both models
 (the recorded log-probs); a plain vLLM engine of one model (p = 1 and p = 0); the same batch
 again (seeds). The shared checks of rows and statistics are ``tests/engine/
-test_vllm_backend.py``'s, which run on the pair engine too.
+test_vllm_backend.py``'s; juniors of their own configs are ``tests/engine/test_vllm_juniors.py``'s.
 """
 
 from __future__ import annotations
@@ -15,47 +15,19 @@ import copy
 import pytest
 import torch
 
-from tandem.engine import JUNIOR, SENIOR, Rollouts, SamplingParams, StopReason
+from tandem.engine import JUNIOR, SENIOR, SamplingParams, StopReason
 from tandem.samplers import SentenceSampler, StepSampler, TokenSampler, WordSampler
-from tests.engine.test_vllm_backend import TOLERANCE, check_rows, forced, kept
+from tests.engine.test_vllm_backend import TEST_ENGINE, TOLERANCE, check_rows, forced, kept
+from tests.engine.vllm_replay import replay
 
 pytest.importorskip("vllm", reason="vLLM is not installed (see .ci/vllm)")
 
 from tandem.engine.vllm_backend import VLLMBackend
-from tandem.engine.vllm_pens import coins
 
 
 @pytest.fixture(scope="module")
 def pair(junior_folder, tokenizer):
-    return kept(VLLMBackend("tiny", junior_folder, tokenizer, engine="pair", max_model_len=512))
-
-
-def replay(sampler, r: Rollouts, params: SamplingParams) -> tuple[torch.Tensor, list[int]]:
-    """``[N, T]`` the authors a scalar replay of ``sampler`` gives the rollout's own tokens,
-    row by row, with the batch's coins; and where each row's schedule ended (its length if
-    never). A retraction is replayed on the token that replaced the proposal: a withdrawn
-    proposal leaves the same state whichever onset it was, and the redraw is an onset too."""
-    n, t = r.tokens.shape
-    budget = max(params.budget(int(k)) for k in r.prompt_lengths)
-    first, coin, _ = coins(n, budget, params.seed)
-    authors = torch.full((n, t), -1)
-    ends = []
-    for i in range(n):
-        state = sampler.start(r.prompt_tokens[i, -1:], first[i : i + 1]).state
-        end = int(r.lengths[i])
-        for j in range(int(r.lengths[i])):
-            token = r.tokens[i, j : j + 1]
-            h = sampler.step(state, token, coin[i, j, 0].view(1))
-            if h.retract is not None and bool(h.retract[0]):
-                state = h.state  # the new author redraws position j
-                h = sampler.step(state, token, coin[i, j, 1].view(1))
-            authors[i, j] = int(state["author"][0])
-            state = h.state
-            if h.done is not None and bool(h.done[0]):
-                end = j + 1
-                break
-        ends.append(end)
-    return authors, ends
+    return kept(VLLMBackend("tiny", junior_folder, tokenizer, **TEST_ENGINE))
 
 
 SAMPLERS = {
@@ -95,7 +67,7 @@ def test_p1_is_vllm_solo_and_p0_the_junior_alone(pair, junior_folder, prompts, t
     params = SamplingParams(max_new_tokens=32, samples_per_prompt=2, seed=3)
     for p, folder, author in ((1.0, "tiny", SENIOR), (0.0, junior_folder, JUNIOR)):
         r = pair.generate(prompts, WordSampler(tokenizer, p=p), params)
-        alone = kept(VLLMBackend(folder, None, tokenizer, max_model_len=512))
+        alone = kept(VLLMBackend(folder, None, tokenizer, **TEST_ENGINE))
         solo = alone.generate(prompts, None, params)
         assert torch.equal(r.tokens, solo.tokens) and torch.equal(r.lengths, solo.lengths)
         assert (r.authors[r.mask] == author).all()
@@ -130,8 +102,7 @@ def test_preempted_rows_keep_their_pen(junior_folder, senior, junior, prompts, t
             "tiny",
             junior_folder,
             tokenizer,
-            engine="pair",
-            max_model_len=512,
+            **TEST_ENGINE,
             engine_args={"num_gpu_blocks_override": 40},
         )
     )
@@ -152,7 +123,7 @@ def test_weight_load_changes_the_senior_only(junior_folder, senior, junior, prom
     with torch.no_grad():
         for p in third.parameters():
             p.add_(torch.randn(p.shape, generator=g) * 0.3 * p.std().clamp(min=1e-3))
-    backend = kept(VLLMBackend("tiny", junior_folder, tokenizer, engine="pair", max_model_len=512))
+    backend = kept(VLLMBackend("tiny", junior_folder, tokenizer, **TEST_ENGINE))
     sampler = WordSampler(tokenizer, p=0.5)
     params = SamplingParams(max_new_tokens=24, samples_per_prompt=2)
     backend.load_weights(third.state_dict(), step=7)
@@ -164,18 +135,3 @@ def test_weight_load_changes_the_senior_only(junior_folder, senior, junior, prom
     backend.sync(senior, step=8)
     back = backend.generate(prompts, sampler, params)
     assert (back.senior_logprobs - forced(senior, back))[back.mask].abs().max() < TOLERANCE
-
-
-def test_a_pair_of_two_shapes_is_refused(tmp_path, tokenizer):
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from tandem.assets import resolve
-
-    config = AutoConfig.from_pretrained(resolve("tiny"))
-    config.intermediate_size = 256
-    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
-    tokenizer.save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match=r"intermediate_size.*engine='turns'"):
-        VLLMBackend("tiny", str(tmp_path), tokenizer, engine="pair", max_model_len=512)
-    with pytest.raises(ValueError, match="engine \\('one'\\) must be one of"):
-        VLLMBackend("tiny", str(tmp_path), tokenizer, engine="one")

@@ -68,15 +68,16 @@ def _synced_to_vllm(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The weights ``VLLMBackend.sync`` hands its engine for a sharded senior (the engine faked:
     vLLM itself is not installed here)."""
     backend = VLLMBackend.__new__(VLLMBackend)
-    backend.senior, backend.junior, backend.sync_every, backend.weights_step = (
+    backend.llm, backend.paths, backend.sync_every, backend.weights_step = (
         _Engine(),
-        None,
+        ("", None),
         1,
         -1,
     )
+    backend.asleep = set()
     backend.sync(model, step=0)
     assert backend.weights_step == 0
-    return backend.senior.weights
+    return backend.llm.weights
 
 
 def _worker(rank: int, folder: str) -> None:

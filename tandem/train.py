@@ -76,9 +76,10 @@ def build(
     from tandem.modules.junior import JuniorCallback
     from tandem.modules.models import context_length, load_tokenizer
     from tandem.modules.progress import StepProgressBar
-    from tandem.runs.checkpoints import AtomicCheckpointIO, StepCheckpoint
+    from tandem.runs.checkpoints import AtomicCheckpointIO
     from tandem.runs.report import RunReport, aim_arguments
     from tandem.runs.signals import StopOnSignal
+    from tandem.runs.steps import StepCheckpoint
 
     out = Path(cfg.output_dir)
     c = OmegaConf.to_container(cfg, resolve=True)
@@ -155,7 +156,7 @@ def _fit(cfg: DictConfig) -> dict[str, Any]:
     from tandem.config import validate_train_config
     from tandem.plan import check_plan
     from tandem.plan.report import summary, table
-    from tandem.runs.checkpoints import disk_full_message, out_of_space
+    from tandem.runs.checkpoints import clean_temporaries, disk_full_message, out_of_space
     from tandem.runs.report import closing_summary, link_aim_run
     from tandem.runs.start import begin
 
@@ -190,8 +191,11 @@ def _fit(cfg: DictConfig) -> dict[str, Any]:
         full = out_of_space(err)
         if full is None:
             raise
-        folder = Path(full.filename).parent if full.filename else Path(cfg.output_dir)
-        raise DiskFull(disk_full_message(folder, None)) from None
+        out = Path(cfg.output_dir)
+        folder = Path(full.filename).parent if full.filename else out
+        # what the failed write left (a half export) holds space the message would not count
+        clean_temporaries(out, out / "checkpoints")
+        raise DiskFull(disk_full_message(folder, None, out / "checkpoints")) from None
     if not stop.stopping and is_launcher():
         log.info(
             "%s", closing_summary(cfg.output_dir, cfg, trainer.global_step, evaluate_hint(cfg))

@@ -6,8 +6,8 @@ hashed as it is written, flushed to disk, and renamed into place only after its 
 whole, and a file that no longer matches its checksum (truncated, overwritten) is named and
 skipped: ``newest_verified`` falls back to the checkpoint before it. A sharded run's distributed
 checkpoint is a folder, written the same way by ``tandem.modules.sharding.FSDP2Strategy``; its
-checksum file lists every file in it. ``StepCheckpoint`` keeps the
-newest K step checkpoints and also saves when a signal asks the run to stop.
+checksum file lists every file in it. Which step checkpoints are written and kept is
+``tandem.runs.steps``.
 
 What this file leaves out: which checkpoint a start asks for (``tandem.train``) and the signal
 handling itself (``tandem.runs.signals``).
@@ -21,29 +21,20 @@ import logging
 import os
 import re
 import shutil
-import warnings
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import lightning as L
 import torch
 from lightning.fabric.utilities.load import _METADATA_FILENAME as METADATA
-from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from tandem.runs import DiskFull, RunRefused
 from tandem.runs.faults import fault_point
-from tandem.runs.signals import StopOnSignal
 
 log = logging.getLogger(__name__)
 
 STEP = re.compile(r"^step-(\d+)\.ckpt$")
 TEMPORARY = re.compile(r"\.(tmp|old)-\d+$")
-# Lightning warns at every step checkpoint, with a code snippet that reads like a traceback,
-# that under manual optimization it holds the weights after that step's optimizer steps. That is
-# what a step checkpoint is here (the state the next step resumes from): StepCheckpoint silences
-# this one warning, and only where it saves
-MANUAL_OPTIMIZATION_WARNING = "Using ModelCheckpoint with manual optimization and every_n_train"
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -92,16 +83,27 @@ def out_of_space(err: BaseException | None) -> OSError | None:
     return None
 
 
-def disk_full_message(folder: Path, needed: int | None) -> str:
-    """One line: where the disk filled, how much a write needs, what to do."""
+def disk_full_message(folder: Path, needed: int | None, ckpt_dir: Path | None = None) -> str:
+    """One line: where the disk filled, how much a write needs, what is on disk, what to do.
+    ``ckpt_dir``: the run's checkpoint folder (None: ``folder`` is it). Measure after what the
+    failed write left is removed, or the free space it still holds is counted as used."""
+    ckpt_dir = Path(folder) if ckpt_dir is None else Path(ckpt_dir)
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
     free = shutil.disk_usage(folder).free
     need = f"a checkpoint needs about {needed / 2**20:,.0f} MiB" if needed else "it needs more"
+    saved = sorted(step_checkpoints(ckpt_dir), key=lambda p: int(STEP.match(p.name)[1]))
+    if saved:
+        names = ", ".join(p.name for p in saved)
+        held = f"The step checkpoints written before are whole ({names}): free some space"
+        resume = "resume with ckpt_path=last"
+    else:
+        held = "No step checkpoint had been written yet: free some space"
+        resume = "start again (ckpt_path=last starts afresh in the same folder)"
     return (
         f"no space left on the device of {folder}: {free / 2**20:,.0f} MiB free, {need}. "
-        "The checkpoints written before are intact: free some space (or lower "
-        "keep_checkpoints) and resume with ckpt_path=last."
+        f"{held} (or lower keep_checkpoints: the oldest then go before a new one is written) "
+        f"and {resume}."
     )
 
 
@@ -227,70 +229,6 @@ def clean_temporaries(*folders: str | Path) -> list[Path]:
     if removed:
         log.warning("removed what an interrupted run left: %s", ", ".join(map(str, removed)))
     return removed
-
-
-class StepCheckpoint(ModelCheckpoint):
-    """The newest ``keep`` checkpoints every ``every_n_train_steps``, and one more at the step
-    where a signal stops the run (whatever the interval), so that no finished step is lost.
-
-    Args:
-        dirpath: the run's checkpoint folder.
-        every_n_train_steps: the interval in training steps (batches of rollouts).
-        keep: how many step checkpoints to keep (the newest).
-        stop: the run's signal handler; it decides at each step's end whether the run stops.
-    """
-
-    def __init__(
-        self, dirpath: str | Path, every_n_train_steps: int, keep: int, stop: StopOnSignal
-    ) -> None:
-        super().__init__(
-            dirpath=dirpath,
-            filename="step-{step}",
-            # "step" is always among the monitor candidates: the top `keep` by step are the newest
-            monitor="step",
-            mode="max",
-            save_top_k=keep,
-            save_last="link",
-            every_n_train_steps=every_n_train_steps,
-            auto_insert_metric_name=False,
-            # a step re-saved after a fall back replaces the bad file, not step-N-v1.ckpt
-            enable_version_counter=False,
-        )
-        self.stop = stop
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        super().load_state_dict(state_dict)
-        # the state was saved before its own checkpoint joined the newest `keep`: without the
-        # files on disk, the one resumed from would never be deleted, one more at each resume
-        found = {
-            str(p): torch.tensor(float(STEP.match(p.name)[1]))
-            for p in step_checkpoints(self.dirpath)
-        }
-        if found:
-            self.best_k_models = found
-            self.kth_best_model_path = min(found, key=lambda k: float(found[k]))
-            self.kth_value = found[self.kth_best_model_path]
-            self.best_model_path = max(found, key=lambda k: float(found[k]))
-            self.best_model_score = found[self.best_model_path]
-
-    def _should_remove_checkpoint(self, trainer: L.Trainer, previous: str, current: str) -> bool:
-        # Lightning never deletes the file a run resumed from; a step checkpoint of this run's
-        # own folder falls out of the newest `keep` like any other (it was read in full at
-        # the start, and a newer one is whole on disk before an older one goes)
-        own = Path(previous).parent.absolute() == Path(self.dirpath).absolute()
-        if own and STEP.match(Path(previous).name) and previous != current:
-            return True
-        return super()._should_remove_checkpoint(trainer, previous, current)
-
-    def on_train_batch_end(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", MANUAL_OPTIMIZATION_WARNING, UserWarning)
-            super().on_train_batch_end(trainer, *args, **kwargs)
-        # StopOnSignal is an ordinary callback, so Lightning ran it before this one
-        if self.stop.stopping and self._last_global_step_saved != trainer.global_step:
-            candidates = self._monitor_candidates(trainer)
-            self._save_topk_checkpoint(trainer, candidates)
-            self._save_last_checkpoint(trainer, candidates)
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 24) -> str:

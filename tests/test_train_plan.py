@@ -29,7 +29,8 @@ def test_a_run_that_cannot_fit_is_refused_before_anything_loads(tmp_path: Path) 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     began = time.time()
     result = subprocess.run(
-        cli(tmp_path, "batch_size=65536", "generation.kv_cache_gib=1000"),
+        # (16,384 prompts a step: the data holds as many, or the batch itself is refused)
+        cli(tmp_path, "batch_size=65536", "data.sizes.train=20000", "generation.kv_cache_gib=1000"),
         capture_output=True,
         text=True,
         env=env,

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from tandem.modules.logprobs import CHUNK_TOKENS, lays_out_rows, pack, packed_logprobs
 from tandem.modules.loss import LossConfig, LossWeights, grpo_loss
+from tandem.runs.stop import stop_point
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,7 @@ def accumulate(
     seen = []
     share_prompts = lays_out_rows(model)
     for rows, share in parts:
+        stop_point()  # a signal stops the run here, between micro-batches
         packed = pack(batch.ids[rows], batch.mask[rows], batch.start, share_prompts)
         (logp,) = packed_logprobs(model, packed, [temperature], chunk_tokens)  # [n, T]
         dev = logp.device

@@ -1,13 +1,14 @@
 """Checkpoints that cannot betray a resume: atomic writes, checksums, the newest that verifies.
 
-Every checkpoint goes through ``AtomicCheckpointIO``: it is written to ``<name>.tmp-<pid>``,
-hashed as it is written, flushed to disk, and renamed into place only after its checksum file
-(``<name>.sha256``, the format ``sha256sum -c`` reads) is. So a file under its final name is
-whole, and a file that no longer matches its checksum (truncated, overwritten) is named and
-skipped: ``newest_verified`` falls back to the checkpoint before it. A sharded run's distributed
-checkpoint is a folder, written the same way by ``tandem.modules.sharding.FSDP2Strategy``; its
-checksum file lists every file in it. Which step checkpoints are written and kept is
-``tandem.runs.steps``.
+Every checkpoint goes through ``AtomicCheckpointIO`` (``tandem.runs.atomic``): it is written to
+``<name>.tmp-<pid>``, hashed as it is written, flushed to disk, and renamed into place only after
+its checksum file (``<name>.sha256``, the format ``sha256sum -c`` reads) is. So a file under its
+final name is whole, and a file that no longer matches its checksum (truncated, overwritten) is
+named and skipped: ``newest_verified`` falls back to the checkpoint before it. A sharded run's
+distributed checkpoint is a folder, written the same way by
+``tandem.modules.sharding.FSDP2Strategy``; its checksum file lists every file in it. Which step
+checkpoints are written and kept is ``tandem.runs.steps``. This file imports neither torch nor
+Lightning but to read a checkpoint's contents, so that a start checks its folder before they load.
 
 What this file leaves out: which checkpoint a start asks for (``tandem.train``) and the signal
 handling itself (``tandem.runs.signals``).
@@ -22,53 +23,18 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
-import torch
-from lightning.fabric.utilities.load import _METADATA_FILENAME as METADATA
-from lightning.pytorch.plugins.io import TorchCheckpointIO
-
-from tandem.runs import DiskFull, RunRefused
-from tandem.runs.faults import fault_point
+from tandem.runs import RunRefused
 
 log = logging.getLogger(__name__)
 
 STEP = re.compile(r"^step-(\d+)\.ckpt$")
+# what marks a sharded run's checkpoint folder: Lightning's ``_METADATA_FILENAME`` (named here
+# so that a start reads its checkpoints without importing Lightning; tests/runs/test_checkpoints
+# compares the two)
+METADATA = "meta.pt"
 TEMPORARY = re.compile(r"\.(tmp|old)-\d+$")
-
-
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """``TorchCheckpointIO`` that writes whole files or nothing, each with its sha256."""
-
-    def save_checkpoint(
-        self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any = None
-    ) -> None:
-        import torch
-
-        if storage_options is not None:
-            raise TypeError(f"{type(self).__name__} takes no storage_options")
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-        try:
-            with tmp.open("wb") as f:
-                writer = _HashingWriter(f)
-                torch.save(checkpoint, writer)
-                f.flush()
-                os.fsync(f.fileno())
-        except (OSError, RuntimeError) as err:  # torch's zip writer fails after the OSError
-            tmp.unlink(missing_ok=True)
-            if not out_of_space(err):
-                raise
-            raise DiskFull(disk_full_message(path.parent, _nbytes(checkpoint))) from None
-        fault_point("checkpoint", int(checkpoint.get("global_step", -1)))
-        _replace(path.with_name(path.name + ".sha256"), f"{writer.hexdigest()}  {path.name}\n")
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
-
-    def remove_checkpoint(self, path: str | os.PathLike) -> None:
-        super().remove_checkpoint(path)
-        Path(f"{path}.sha256").unlink(missing_ok=True)
 
 
 def out_of_space(err: BaseException | None) -> OSError | None:
@@ -105,17 +71,6 @@ def disk_full_message(folder: Path, needed: int | None, ckpt_dir: Path | None = 
         f"{held} (or lower keep_checkpoints: the oldest then go before a new one is written) "
         f"and {resume}."
     )
-
-
-def _nbytes(value: Any) -> int:
-    """The bytes of the tensors in a checkpoint's nested dicts and lists."""
-    if isinstance(value, torch.Tensor):
-        return value.nelement() * value.element_size()
-    if isinstance(value, dict):
-        return sum(_nbytes(v) for v in value.values())
-    if isinstance(value, list | tuple):
-        return sum(_nbytes(v) for v in value)
-    return 0
 
 
 def verify(path: str | Path) -> str | None:
@@ -238,24 +193,6 @@ def sha256_file(path: str | Path, chunk: int = 1 << 24) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
-
-
-class _HashingWriter:
-    """A write-only file that hashes what passes through (saves reading a checkpoint back)."""
-
-    def __init__(self, f: BinaryIO) -> None:
-        self._f = f
-        self._h = hashlib.sha256()
-
-    def write(self, data: bytes) -> int:
-        self._h.update(data)
-        return self._f.write(data)
-
-    def flush(self) -> None:
-        self._f.flush()
-
-    def hexdigest(self) -> str:
-        return self._h.hexdigest()
 
 
 def _replace(path: Path, text: str) -> None:

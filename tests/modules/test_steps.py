@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tandem.runs import RunRefused
-from tandem.runs.checkpoints import AtomicCheckpointIO
+from tandem.runs.atomic import AtomicCheckpointIO
 from tandem.train import run
 from tests.modules.test_train import config, metrics_rows
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from tandem.runs import RunRefused
+from tandem.runs.atomic import AtomicCheckpointIO
 from tandem.runs.checkpoints import (
-    AtomicCheckpointIO,
     clean_temporaries,
     newest_verified,
     verify,
@@ -92,3 +92,11 @@ def test_only_lightnings_manual_optimization_snippet_is_silenced(monkeypatch) ->
     with pytest.warns(UserWarning) as caught:
         step.on_train_batch_end(Trainer(), None, None, None, 0)
     assert [str(w.message) for w in caught] == ["Using ModelCheckpoint with something else"]
+
+
+def test_the_sharded_checkpoint_marker_is_lightnings() -> None:
+    from lightning.fabric.utilities.load import _METADATA_FILENAME
+
+    from tandem.runs.checkpoints import METADATA
+
+    assert METADATA == _METADATA_FILENAME

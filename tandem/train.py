@@ -173,6 +173,8 @@ def _fit(cfg: DictConfig) -> dict[str, Any]:
     # the last refusals (a resume that would change what its checkpoint means) come before
     # Lightning's seconds of imports
     ckpt = begin(cfg, plan=summary(plan))
+    if ckpt is None and is_launcher():
+        say_interrupted_beside(cfg)
     try:
         return _fit_begun(cfg, ckpt)
     except (ConfigError, InstantiationException, RunRefused):
@@ -300,6 +302,34 @@ def stopped_message(cfg: DictConfig, where: str, signum: int) -> str:
     )
 
 
+def say_interrupted_beside(cfg: DictConfig) -> None:
+    """A fresh start beside a run that was stopped before it finished says how to resume that
+    one instead (a rerun of the same command starts a new run: its name is the time)."""
+    from tandem.runs.start import interrupted_beside
+
+    if _multirun():
+        return  # a sweep's jobs are resumed by the sweep's command
+    found = interrupted_beside(cfg.output_dir)
+    if found is None:
+        return
+    name, step = found
+    saved = f"its newest checkpoint is step {step}" if step is not None else "no checkpoint yet"
+    log.warning(
+        "this is a new run; %s beside it was stopped before it finished (%s). To resume that "
+        "one instead: python -m tandem.train run_name=%s ckpt_path=last",
+        Path(cfg.output_dir).parent / name,
+        saved,
+        name,
+    )
+
+
+def _multirun() -> bool:
+    try:
+        return HydraConfig.get().mode == RunMode.MULTIRUN
+    except ValueError:  # not started by Hydra (a test, a notebook)
+        return False
+
+
 def evaluate_hint(cfg: DictConfig) -> str:
     """The command that scores this run's senior beside its base."""
     return (
@@ -310,11 +340,7 @@ def evaluate_hint(cfg: DictConfig) -> str:
 
 def resume_hint(cfg: DictConfig) -> str:
     """The command that resumes this run: its own, or its sweep's for a job of a multirun."""
-    try:
-        multirun = HydraConfig.get().mode == RunMode.MULTIRUN
-    except ValueError:  # not started by Hydra (a test, a notebook)
-        multirun = False
-    if multirun:
+    if _multirun():
         return "the sweep's own command again, with ckpt_path=last (as the study configs set it)"
     return f"python -m tandem.train run_name={cfg.run_name} ckpt_path=last"
 

@@ -38,6 +38,8 @@ TERM_LABELS = {
     "step_temp": "AdamW step temporaries",
     "runtime": "runtime (CUDA, NCCL)",
     "vllm_engine": "vLLM engine (both models, KV)",
+    "rollout_tensors": "rollout tensors (host)",
+    "update_inputs": "update inputs (host)",
 }
 
 

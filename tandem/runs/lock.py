@@ -117,7 +117,7 @@ class RunLock:
         except Timeout:
             raise RunRefused(self._held_message()) from None
         previous = read_owner(self.folder)
-        if previous and _alive(previous):
+        if previous and is_alive(previous):
             # only where the OS lock is not shared (some network file systems): trust the record
             lock.release()
             raise RunRefused(self._held_message())
@@ -180,7 +180,7 @@ def _me() -> dict[str, Any]:
     }
 
 
-def _alive(owner: dict[str, Any]) -> bool:
+def is_alive(owner: dict[str, Any]) -> bool:
     """Whether the recorded holder still runs; another host's PID cannot be checked (False)."""
     if owner.get("host") != socket.gethostname() or owner.get("pid") == os.getpid():
         return False

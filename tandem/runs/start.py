@@ -23,13 +23,14 @@ from omegaconf import DictConfig, OmegaConf
 from tandem.provenance import record_start
 from tandem.runs import RunRefused
 from tandem.runs.checkpoints import (
+    STEP,
     clean_temporaries,
     newest_verified,
     read_checkpoint,
     step_checkpoints,
     verify,
 )
-from tandem.runs.lock import LOCK, OWNER, is_launcher
+from tandem.runs.lock import LOCK, OWNER, is_alive, is_launcher, read_owner
 from tandem.runs.resume import (
     CHOICES,
     STARTS,
@@ -201,3 +202,23 @@ def _delete_aim_run(out: Path) -> None:
         Repo.from_path(record["repo"]).delete_run(record["hash"])
     except Exception as err:  # Aim's errors have no common base; the run is only left behind
         log.warning("could not delete the Aim run %s of a refused start: %s", record, err)
+
+
+def interrupted_beside(folder: str | Path) -> tuple[str, int | None] | None:
+    """The newest other run in ``folder``'s parent that was stopped before it finished (start
+    records, no exported senior, no process holding it): its name and newest checkpoint's step
+    (None: none was saved); None when there is none."""
+    out = Path(folder).absolute()
+    found = []
+    for other in out.parent.iterdir() if out.parent.is_dir() else ():
+        if other == out or not (other / STARTS).is_dir() or (other / "senior").exists():
+            continue
+        owner = read_owner(other)
+        if owner is not None and is_alive(owner):
+            continue  # running now
+        steps = [int(STEP.match(p.name)[1]) for p in step_checkpoints(other / "checkpoints")]
+        found.append((other.stat().st_mtime, other.name, max(steps, default=None)))
+    if not found:
+        return None
+    _, name, step = max(found)
+    return name, step

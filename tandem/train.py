@@ -81,7 +81,7 @@ def build(
     from tandem.modules.models import context_length, load_tokenizer
     from tandem.modules.progress import StepProgressBar
     from tandem.runs.atomic import AtomicCheckpointIO
-    from tandem.runs.report import RunReport, aim_arguments
+    from tandem.runs.report import LoggedStep, RunReport, aim_arguments
     from tandem.runs.signals import StopOnSignal
     from tandem.runs.steps import StepCheckpoint
 
@@ -119,6 +119,7 @@ def build(
             save_on_train_epoch_end=False,
         ),
         StepCheckpoint(ckpt_dir, cfg.checkpoint_every_n_steps, cfg.keep_checkpoints, stop),
+        LoggedStep(),
         ExportSenior(out / "senior", stop),
     ]
     # a bar redraws itself with terminal escapes: into a file or a pipe, the step lines alone

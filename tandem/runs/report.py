@@ -102,6 +102,27 @@ class RunReport(L.Callback):
         log.info("validation at step %d: accuracy %s", trainer.global_step, shown)
 
 
+class LoggedStep(L.Callback):
+    """Every metric logged at the training step it belongs to, as the run's own lines count
+    steps: a training step's metrics at its number (1 for the first), a validation's at the
+    steps done before it (0 for the base's).
+
+    Lightning would log a training step's metrics at the number of steps done before it and an
+    interval's validation one step early, so the CSV and Aim put the validation of step 20 at
+    19; a logged ``step`` is what Lightning's loggers take as the step instead.
+    """
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *_: Any) -> None:
+        step = float(trainer.global_step)
+        pl_module.log("step", step, on_step=True, on_epoch=False, batch_size=1)
+
+    def on_validation_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, *_: Any, **__: Any
+    ) -> None:
+        step = float(trainer.global_step)
+        pl_module.log("step", step, on_step=False, on_epoch=True, batch_size=1)
+
+
 def validations(folder: str | Path) -> list[dict[str, Any]]:
     """Every validation of the run in ``folder``, oldest first (one per step: the latest)."""
     path = Path(folder) / RECORD
@@ -150,11 +171,19 @@ def closing_summary(folder: str | Path, cfg: Any, step: int, evaluate_hint: str)
 
 def run_label(folder: str | Path) -> str:
     """A run's name from its folder: ``outputs/<run>`` -> ``<run>``, a job of a sweep
-    (``multirun/<sweep>/<n>``, beside Hydra's ``multirun.yaml``) -> ``<sweep>/<n>``."""
+    (``multirun/<sweep>/<job>``, beside Hydra's ``multirun.yaml``) -> ``<sweep>/<job>``, where a
+    job's folder that is only its number (``0``, ``1``) is named by the overrides Hydra recorded
+    for it (``<sweep>/sampler=word,sampler.p=0.25``), as the notebook names it."""
     folder = Path(folder).expanduser().absolute()
-    if (folder.parent / "multirun.yaml").is_file():
-        return f"{folder.parent.name}/{folder.name}"
-    return folder.name
+    if not (folder.parent / "multirun.yaml").is_file():
+        return folder.name
+    job = folder.name
+    overrides = folder / ".hydra" / "overrides.yaml"
+    if job.isdigit() and overrides.is_file():
+        items = [line[2:].strip() for line in overrides.read_text().splitlines()]
+        items = [i for i in items if i and not i.startswith(("hydra.", "output_dir="))]
+        job = ",".join(items) or job
+    return f"{folder.parent.name}/{job}"
 
 
 def _is_aim(spec: Any) -> bool:

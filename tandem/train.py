@@ -11,14 +11,19 @@ which it locks for its whole life; all runs share one Aim repository. A killed r
 the same ``run_name`` and ``ckpt_path=last`` (``tandem.runs``: what a start checks and records).
 
 A start is refused before torch, Lightning and transformers are imported whenever the config alone
-shows the problem (``tandem.config.check_before_imports``) or the folder is held: those imports
-take seconds, many more on a busy machine, so this file imports them only once both checks pass.
-A refused start leaves no run folder behind that holds nothing.
+shows the problem (``tandem.config.check_before_imports``: every key of every component, read
+from the source) or the folder is held, and before Lightning is imported whenever the models'
+folders, the data's files, the memory plan or a resume's checkpoint show it: those imports take
+seconds, many more on a busy machine. A refused start leaves no run folder behind that holds
+nothing, and a start refused as its data loads takes its records back
+(``tandem.runs.start.undo_start``).
 
 Exit status: 0 for a finished run, 2 for a refused start (one message on stderr, no traceback:
 a config error, ``tandem.config``'s or Hydra's own such as an override of a key that does not
-exist; a held folder; a resume that would change what the checkpoint means), 128 + the signal
-(143 for SIGTERM, 130 for SIGINT) for a run a signal stopped after saving its checkpoint.
+exist; a held folder; a resume that would change what the checkpoint means), 1 for a full disk,
+128 + the signal (143 for SIGTERM, 130 for SIGINT) for a run a signal stopped
+(``tandem.runs.signals``). The process ends within a second of its last line
+(``tandem.runs.leave``).
 
 What this file leaves out: the training step (``tandem.modules.grpo``).
 """

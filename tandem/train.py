@@ -319,12 +319,12 @@ def say_interrupted_beside(cfg: DictConfig) -> None:
     if found is None:
         return
     name, step = found
-    saved = f"its newest checkpoint is step {step}" if step is not None else "no checkpoint yet"
     log.warning(
-        "this is a new run; %s beside it was stopped before it finished (%s). To resume that "
-        "one instead: python -m tandem.train run_name=%s ckpt_path=last",
+        "this is a new run; %s beside it was stopped before it finished (its newest checkpoint "
+        "is step %d). To resume that one instead: python -m tandem.train run_name=%s "
+        "ckpt_path=last",
         Path(cfg.output_dir).parent / name,
-        saved,
+        step,
         name,
     )
 

@@ -130,11 +130,11 @@ def load_problems(eval_set: EvalSet, tokenizer: Any) -> Problems:
     rows, report = source.load(eval_set.split)
     if eval_set.limit is not None and eval_set.limit < len(rows):
         log.info(
-            "eval set %s: the first %d of %s (limit %d)",
+            "eval set %s: %d problems (limit %d) of %s",
             eval_set.name,
             eval_set.limit,
-            report,
             eval_set.limit,
+            report,
         )
         rows = rows.select(range(eval_set.limit))
     else:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import warnings
 
 # (message pattern, category) of warnings raised inside the libraries, not by a user's code
@@ -47,3 +48,5 @@ def quiet_libraries() -> None:
     # Lightning's package logger prints to the console itself and passes each line on to the
     # run's handlers too: one of the two is enough
     logging.getLogger("lightning").handlers.clear()
+    if "transformers" in sys.modules:  # imported already: it read the variable above then
+        sys.modules["transformers"].utils.logging.disable_progress_bar()

@@ -149,7 +149,7 @@ def closing_summary(folder: str | Path, cfg: Any, step: int, evaluate_hint: str)
     if records:
         first, last = records[0], records[-1]
         lines.append(
-            f"validation accuracy ({size} held-out prompts, {how}): "
+            f"validation accuracy ({size} prompts of the validation split, {how}): "
             f"step {first['step']}{' (the base)' if first['step'] == 0 else ''} -> "
             f"step {last['step']}"
         )

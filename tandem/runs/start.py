@@ -204,10 +204,10 @@ def _delete_aim_run(out: Path) -> None:
         log.warning("could not delete the Aim run %s of a refused start: %s", record, err)
 
 
-def interrupted_beside(folder: str | Path) -> tuple[str, int | None] | None:
-    """The newest other run in ``folder``'s parent that was stopped before it finished (start
-    records, no exported senior, no process holding it): its name and newest checkpoint's step
-    (None: none was saved); None when there is none."""
+def interrupted_beside(folder: str | Path) -> tuple[str, int] | None:
+    """The newest other run in ``folder``'s parent that was stopped before it finished (a step
+    checkpoint, no exported senior, no process holding it): its name and newest checkpoint's
+    step; None when there is none."""
     out = Path(folder).absolute()
     found = []
     for other in out.parent.iterdir() if out.parent.is_dir() else ():
@@ -217,7 +217,8 @@ def interrupted_beside(folder: str | Path) -> tuple[str, int | None] | None:
         if owner is not None and is_alive(owner):
             continue  # running now
         steps = [int(STEP.match(p.name)[1]) for p in step_checkpoints(other / "checkpoints")]
-        found.append((other.stat().st_mtime, other.name, max(steps, default=None)))
+        if steps:  # stopped before its first checkpoint: nothing to resume from
+            found.append((other.stat().st_mtime, other.name, max(steps)))
     if not found:
         return None
     _, name, step = max(found)

@@ -30,6 +30,7 @@ def test_the_newest_stopped_run_beside_is_found(tmp_path: Path) -> None:
     old = stopped_run(tmp_path / "old", 5)
     os.utime(old, (time.time() - 3600, time.time() - 3600))
     stopped_run(tmp_path / "stopped", 5, 10)
+    stopped_run(tmp_path / "stopped_at_its_start")  # newer, but nothing to resume from
     (tmp_path / "new").mkdir()
     assert interrupted_beside(tmp_path / "new") == ("stopped", 10)
     assert interrupted_beside(tmp_path / "finished") == ("stopped", 10)
@@ -40,7 +41,7 @@ def test_a_fresh_start_prints_the_resume_command_of_the_run_beside(tmp_path, cap
     cfg = OmegaConf.create({"output_dir": str(tmp_path / "tandem_2"), "run_name": "tandem_2"})
     with caplog.at_level(logging.WARNING):
         say_interrupted_beside(cfg)
-    assert "this is a new run" in caplog.text and "its newest checkpoint is step 20" in caplog.text
+    assert "this is a new run" in caplog.text and "its newest checkpoint is step 20)" in caplog.text
     assert "python -m tandem.train run_name=tandem_1 ckpt_path=last" in caplog.text
 
 

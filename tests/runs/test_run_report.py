@@ -29,9 +29,8 @@ def test_the_summary_sets_the_base_against_the_final_senior(tmp_path: Path) -> N
     ]
     (tmp_path / RECORD).write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"step": 6')
     text = closing_summary(tmp_path, _cfg("aim"), 60, "python -m tandem.evaluate senior=X")
-    assert "validation accuracy (200 held-out prompts, greedy): step 0 (the base) -> step 60" in (
-        text
-    )
+    first = "validation accuracy (200 prompts of the validation split, greedy): step 0 (the base)"
+    assert f"{first} -> step 60" in text
     assert "tandem (senior + junior): 0.354 -> 0.492 (+0.138)" in text
     assert "solo   (senior alone): 0.360 -> 0.500 (+0.140)" in text
     assert f"the senior: {tmp_path / 'senior'}" in text and "`aim up`" in text

@@ -101,7 +101,11 @@ class Unbroken:
 
     @classmethod
     def wrap(cls, stream: TextIO) -> TextIO:
-        return stream if isinstance(stream, cls) or stream is None else cls(stream)
+        """``stream`` wrapped, unless it is a terminal (whose reader cannot go away while the
+        run writes; the progress bar and the lines written above it must share one stream)."""
+        if stream is None or isinstance(stream, cls) or stream.isatty():
+            return stream
+        return cls(stream)
 
     def write(self, text: str) -> int:
         if not self.broken:

@@ -9,6 +9,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from tandem.train import run
 from tests.modules.test_train import cli, config
 
@@ -63,3 +65,14 @@ def test_a_cpu_plan_counts_the_rollouts_own_tensors() -> None:
     on_gpu = config(Path("unused"), "batch_size=160000", "group_size=8", "trainer=gpu")
     gpu = make_plan(on_gpu, devices=(("cuda:0", 80 * GiB),))
     assert "rollout_tensors" not in gpu.devices[0].phases["rollout"]
+
+
+def test_a_kv_budget_below_one_group_is_refused_for_itself() -> None:
+    from tandem.plan import PlanError, check_plan
+
+    cfg = config(Path("unused"), "generation.kv_cache_gib=0.00001")
+    with pytest.raises(PlanError) as refused:
+        check_plan(cfg, 1)
+    # every device holds its peak: the message is the budget's, not "does not fit in memory"
+    assert str(refused.value).startswith("generation.kv_cache_gib (1e-05) holds less than one")
+    assert "does not fit" not in str(refused.value)

@@ -191,7 +191,6 @@ def _fit(cfg: DictConfig) -> dict[str, Any]:
 
 def _fit_begun(cfg: DictConfig, ckpt: str | None) -> dict[str, Any]:
     """``_fit`` once the start is recorded: build, validate the base, fit."""
-
     import lightning as L
     import torch
     from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -201,7 +200,6 @@ def _fit_begun(cfg: DictConfig, ckpt: str | None) -> dict[str, Any]:
     from tandem.runs.signals import StopOnSignal
 
     quiet_libraries()  # again, now that Lightning has set its loggers up
-
     stop = StopOnSignal()
     try:
         if cfg.get("threads"):

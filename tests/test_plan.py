@@ -82,7 +82,10 @@ def test_fsdp2_splits_master_weights_and_adam_state_across_devices(qwen3_4b: str
         update = d.phases["update"]
         assert update["senior_weights"] == half * 4  # float32 master weights, 7.49 GiB
         assert update["optimizer_state"] == half * 8  # exp_avg and exp_avg_sq, float32
-        assert update["gradients"] == half * 4
+        # a mini-batch's micro-batches accumulate unsharded float32 gradients, reduced once
+        assert update["accumulated_gradients"] == 4_022_468_096 * 4
+        assert "gradients" not in update
+        assert d.phases["step"]["gradients"] == half * 4  # reduced to shards for the step
         assert "gradients" not in d.phases["rollout"]  # freed after every optimizer step
         # the junior is whole on every rank, in model.dtype
         assert d.phases["rollout"]["junior_weights"] == 4_022_468_096 * 2
@@ -157,13 +160,22 @@ def test_kv_caches_are_counted_as_the_engine_counts_them(qwen3_4b: str) -> None:
 
 
 def test_the_paper_layout_fits_two_80_gib_cards_with_two_kv_passes(qwen3_4b: str) -> None:
-    # conf/trainer/paper_gpus.yaml: one FSDP2 process offloading its shards, the junior apart
+    # conf/trainer/paper_gpus.yaml: one FSDP2 process offloading its shards and AdamW state
+    # between phases (verl's offload), the junior apart
     plan = make_plan(paper(qwen3_4b), devices=devices(2, 80))  # as shipped
     assert plan.fits, [(d.name, d.peak / GiB) for d in plan.devices]
     # 64 GiB a card holds 14 of the 16 prompt groups: two passes of 8, as even as they go
     for d, term in zip(plan.devices, ("kv_cache_senior", "kv_cache_junior"), strict=True):
         assert d.phases["rollout"][term] == kv_rows(KV_BF16, 8)
-        assert d.peak_phase == "rollout"
+    senior, junior = plan.devices
+    assert junior.peak_phase == "rollout"
+    # the AdamW state waits on the host through the rollout and the old log-probs; the step
+    # holds the shards, the state, the gradients and foreach AdamW's temporaries on the device
+    state = 4_022_468_096 * 8
+    assert "optimizer_state" not in senior.phases["rollout"]
+    assert senior.phases["step"]["optimizer_state"] == state and senior.peak_phase == "step"
+    assert plan.host.phases["rollout"]["optimizer_state"] == state
+    assert "optimizer_state" not in plan.host.phases["step"]
 
 
 VLLM = ("module.backend.name=vllm", "+module.backend.dtype=bfloat16")
@@ -171,7 +183,9 @@ VLLM = ("module.backend.name=vllm", "+module.backend.dtype=bfloat16")
 
 def test_a_vllm_engine_holds_its_share_of_the_device_in_every_phase(qwen3_4b: str) -> None:
     share = "+module.backend.engine_args.gpu_memory_utilization=0.5"
-    plan = make_plan(paper(qwen3_4b, *VLLM, share), devices=devices(2, 80))
+    # the shards and AdamW state on the host for good: vLLM holds its share through the update
+    offload = "trainer.strategy.offload=fsdp"
+    plan = make_plan(paper(qwen3_4b, *VLLM, share, offload), devices=devices(2, 80))
     assert plan.fits and not plan.problems
     first = plan.devices[0]
     for phase, terms in first.phases.items():
@@ -183,7 +197,7 @@ def test_a_vllm_engine_holds_its_share_of_the_device_in_every_phase(qwen3_4b: st
     assert any(f"the KV of {rows} of this process's 128 rows" in n for n in plan.notes), plan.notes
     # a share too small for both models' weights is refused, naming the key
     small = make_plan(
-        paper(qwen3_4b, *VLLM, "+module.backend.engine_args.gpu_memory_utilization=0.15"),
+        paper(qwen3_4b, *VLLM, "+module.backend.engine_args.gpu_memory_utilization=0.15", offload),
         devices=devices(2, 80),
     )
     assert any("gpu_memory_utilization" in p for p in small.problems), small.problems
@@ -332,3 +346,42 @@ def _saved_bytes(config, mode: str, logprobs, share: bool = False) -> int:
     with autocast, torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
         logprobs.packed_logprobs(model, packed, [0.6], chunk_tokens=16)
     return sum(seen.values())
+
+
+@pytest.mark.parametrize("offload", ["none", "fsdp", "between_phases"])
+def test_each_offload_layout_is_planned_on_the_device_and_the_host(
+    qwen3_4b: str, offload: str
+) -> None:
+    cfg = paper(qwen3_4b, f"trainer.strategy.offload={offload}")
+    plan = make_plan(cfg, devices=devices(2, 80), fixes=False, host_bytes=256 * GiB)
+    senior, host = plan.devices[0], plan.host
+    shard, state = 4_022_468_096 * 4, 4_022_468_096 * 8
+    on_device = {
+        # (rollout, update, step): the shards, the AdamW state on cuda:0
+        "none": [(shard, state)] * 3,
+        "fsdp": [(None, None)] * 3,
+        "between_phases": [(shard, None), (shard, state), (shard, state)],
+    }[offload]
+    for phase, (weights, adam) in zip(("rollout", "update", "step"), on_device, strict=True):
+        assert senior.phases[phase].get("senior_weights") == weights, phase
+        assert senior.phases[phase].get("optimizer_state") == adam, phase
+        # whatever is not on the device waits on the host
+        assert host.phases[phase].get("senior_weights") == (None if weights else shard), phase
+        assert host.phases[phase].get("optimizer_state") == (None if adam else state), phase
+    # before training each process reads its senior in float32 and its junior on the host
+    assert host.phases["load"]["senior_load"] == shard
+    assert host.phases["load"]["junior_load"] == 4_022_468_096 * 2
+    # FSDP2's offload reduces gradients to the host, where its optimizer step runs
+    host_grads = host.phases["step"].get("gradients")
+    assert host_grads == (shard if offload == "fsdp" else None)
+    assert ("step_temp" in senior.phases["step"]) == (offload != "fsdp")
+
+
+def test_fits_includes_the_host_where_its_size_is_known(qwen3_4b: str) -> None:
+    cfg = paper(qwen3_4b, "trainer.strategy.offload=fsdp")
+    unknown = make_plan(cfg, devices=devices(2, 80), fixes=False)
+    assert unknown.fits and unknown.host.capacity == 0
+    small = make_plan(cfg, devices=devices(2, 80), fixes=False, host_bytes=48 * GiB)
+    assert not small.fits and all(d.fits for d in small.devices)
+    with pytest.raises(PlanError, match="host needs"):
+        check_plan(cfg, 1, devices=devices(2, 80), host_bytes=48 * GiB)

@@ -57,6 +57,9 @@ class ExportSenior(L.Callback):
                 log.info("%s already holds the senior of step %d", self.folder, step)
             return
         senior = pl_module.senior
+        place = getattr(pl_module, "place", None)
+        if place is not None:  # the gather reads the shards on the device, never the host
+            place(shards=True)
         state = full_state_dict(senior) if is_sharded(senior) else None
         if trainer.global_rank == 0:
             save_senior(

@@ -269,12 +269,14 @@ class TandemGRPO(L.LightningModule):
             )
         # new senior weights go into the backend (every sync_every steps for vLLM): the lag is
         # logged with every batch, so a stale engine shows
+        self.place(shards=True)
         self.backend.sync(self.senior, self.global_step)
         self.weights_lag = self.global_step - self.backend.weights_step
         # the junior reads along when it writes, and when the loss needs its log-probs (the KL
         # penalty toward it): a solo arm with kl_beta > 0 must not train as plain GRPO
         reads = not sampler.solo or (self.training and self.loss_cfg.kl_beta > 0)
         if not isinstance(self.backend, TorchBackend):  # vLLM gathers its own copy in sync
+            self.place(shards=False)  # its rollout reads no shard: the device is vLLM's
             return self.backend.generate(batch.prompt_ids, sampler, params, junior=reads)
         # a junior of another family reads the prompts in its own chat format
         cross = reads and self.junior_tokenizer is not None
@@ -290,6 +292,14 @@ class TandemGRPO(L.LightningModule):
                 lockstep=lockstep,
                 junior_prompts=junior_prompts,
             )
+
+    def place(self, shards: bool, optimizer_state: bool = False) -> None:
+        """Where ``offload=between_phases`` keeps the senior's float32 shards and optimizer
+        state for the phase that follows: on the device (True) or the host (False). Other
+        layouts keep them where they are (``FSDP2Strategy.place``)."""
+        place = getattr(self.trainer.strategy, "place", None) if self._trainer else None
+        if place is not None:
+            place(self.senior, shards, optimizer_state)
 
     @property
     def rollout_gather(self) -> str:
@@ -369,7 +379,11 @@ class TandemGRPO(L.LightningModule):
         groups = prompt_groups(ids, mask, start).cpu()  # [N] the rows that share a prompt
         slices = torch.arange(rollouts.tokens.shape[0]).chunk(hp.mini_batches)
         micros = [self.micro_batches(idx, tokens, groups) for idx in slices]
+        self.place(shards=True)
         old, ref, gap = self.old_and_ref(rollouts, ids, mask, start, micros)  # [N, T] each
+        # the update and its optimizer steps read the optimizer state too (verl loads both
+        # for update_actor); both go back to the host once the last step is taken
+        self.place(shards=True, optimizer_state=True)
         batch = UpdateBatch(ids, mask, start, old, ref, adv, senior_mask, junior_mask)
         steps = hp.num_iterations * len(slices)
         totals: dict[str, Tensor] = {}
@@ -394,18 +408,25 @@ class TandemGRPO(L.LightningModule):
                 for key, v in stats.items():
                     totals[key] = totals.get(key, 0) + v / steps
                 last = i == hp.num_iterations - 1 and k == len(slices) - 1
-                self.optimizer_step(opt, last=last)
+                norm = self.optimizer_step(opt, last=last)
+                totals["grad_norm"] = totals.get("grad_norm", 0) + norm / steps
                 if sched is not None:
                     sched.step()
+        self.place(shards=False, optimizer_state=False)
         totals["engine_logprob_gap"] = gap
         return totals
 
-    def optimizer_step(self, opt: Any, last: bool) -> None:
-        """Clip and step, then free the gradients. Only a batch's last step goes through
-        Lightning's optimizer wrapper, which counts it: ``global_step`` counts batches of
-        rollouts (the authors' training steps); the others take the strategy's same path
+    def optimizer_step(self, opt: Any, last: bool) -> Tensor:
+        """Clip and step, then free the gradients; returns the gradient's norm before clipping
+        (logged as ``train/grad_norm``, as verl and TRL log it). Only a batch's last step goes
+        through Lightning's optimizer wrapper, which counts it: ``global_step`` counts batches
+        of rollouts (the authors' training steps); the others take the strategy's same path
         uncounted, and ``optimizer_steps`` counts them all."""
         hp = self.hparams
+        grads = [p.grad for p in self.senior.parameters() if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
+        # a sharded senior's norm is a partial sum on each rank until it is reduced
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
         self.clip_gradients(opt, gradient_clip_val=hp.max_grad_norm, gradient_clip_algorithm="norm")
         if last:
             opt.step()
@@ -416,6 +437,7 @@ class TandemGRPO(L.LightningModule):
         # rollout then never holds them beside the gathered senior
         opt.zero_grad(set_to_none=True)
         fault_point("update", self.optimizer_steps)
+        return norm.detach().float().cpu()
 
     def micro_batches(
         self, rows: Tensor, tokens: Tensor, groups: Tensor

@@ -327,12 +327,13 @@ AttentionInterface.register(ROWS_ATTENTION, rows_attention)
 
 
 def lays_out_rows(model: nn.Module) -> bool:
-    """Whether ``model``'s packed forward can take ``rows_attention``: ``sdpa`` attention and
-    every layer full attention (a sliding window would need a mask of its own)."""
+    """Whether ``model``'s packed forward can take ``rows_attention``: ``sdpa`` attention (or
+    rows attention already, inside ``rows_attention_for``) and every layer full attention (a
+    sliding window would need a mask of its own)."""
     config = getattr(model, "config", None)
     layer_types = getattr(config, "layer_types", None) or ["full_attention"]
     return (
-        getattr(config, "_attn_implementation", None) == "sdpa"
+        getattr(config, "_attn_implementation", None) in ("sdpa", ROWS_ATTENTION)
         and all(t == "full_attention" for t in layer_types)
         and not getattr(config, "sliding_window", None)
     )
@@ -343,7 +344,12 @@ def rows_attention_for(
     model: nn.Module, packed: Packed, device: torch.device
 ) -> Iterator[dict[str, Any]]:
     """``model``'s attention is ``rows_attention`` for the block, where it can be; yields the
-    extra arguments of its forward (none: transformers' own packed mask)."""
+    extra arguments of its forward (none: transformers' own packed mask).
+
+    A backward that recomputes checkpointed layers (activation checkpointing) must run inside
+    the block too: the recomputation reads the attention implementation anew and is handed the
+    forward's ``RowLayout`` as its mask. Blocks nest (``tandem.modules.update.accumulate`` holds
+    one around a micro-batch's forward and backward)."""
     if not lays_out_rows(model):
         if packed.shares_prompts:
             raise ValueError(

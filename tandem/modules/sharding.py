@@ -11,6 +11,17 @@ needs that Lightning leaves to the user:
   temporary name, given a checksum file, and renamed into place, as ``AtomicCheckpointIO`` does
   for single files (the strategy writes folders itself, bypassing the ``CheckpointIO``).
 
+``offload`` places the senior's float32 shards and AdamW state: ``none`` on the device;
+``fsdp`` FSDP2's ``CPUOffloadPolicy`` (shards, gradients and optimizer state on the host, the
+optimizer step run there by the host's CPU); ``between_phases`` as verl offloads its actor
+(``fsdp_workers.py``): shards and optimizer state wait on the host between phases, and move to
+the device for the phases that read them (``place``: the rollout and the log-prob passes read
+the shards; the update and its optimizer steps read both), so that the step runs on the device.
+
+``gradient_sync(model, last)`` holds a sharded senior's gradients unreduced on its device
+through a mini-batch's micro-batches and reduces (and, offloaded, copies to the host) once, in
+the last one's backward.
+
 ``gathered(model, rollout_gather)`` readies a sharded model to generate for the length of a
 ``with`` block: ``whole`` keeps its full parameters (all-gathered once per rollout, not once per
 token); ``per_layer`` leaves each decoder layer to FSDP2's own hooks (gathered for its forward,
@@ -49,6 +60,8 @@ _RESHARD: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary
 
 # how the torch engine's rollouts read a sharded senior (``gathered``)
 ROLLOUT_GATHERS = ("whole", "per_layer")
+# where the senior's shards and optimizer state live (``FSDP2Strategy.offload``)
+OFFLOADS = ("none", "fsdp", "between_phases")
 
 
 class FSDP2Strategy(ModelParallelStrategy):
@@ -61,8 +74,12 @@ class FSDP2Strategy(ModelParallelStrategy):
             ``trainer.precision: 32-true`` with it: FSDP2 casts, and the master weights, the
             gradients' reduction and AdamW stay in ``reduce_dtype`` / float32.
         reduce_dtype: dtype gradients are reduced in (None: ``param_dtype``).
-        cpu_offload: keep the sharded parameters, gradients and optimizer state in host memory
-            (GPUs only: it trades step time for device memory).
+        offload: where the senior's float32 shards and optimizer state live. ``none``: on the
+            device. ``fsdp``: FSDP2's ``CPUOffloadPolicy``, on the host for good, gradients
+            copied there, the optimizer step run by the host's CPU (the least device memory,
+            the slowest step). ``between_phases``: on the host between phases, moved to the
+            device for the phases that read them and back after the update (verl's
+            ``param_offload`` and ``optimizer_offload``; ``place``). GPUs only.
         reshard_after_forward: free each layer's gathered parameters after its forward (less
             memory) rather than keep them for backward (one all-gather fewer per layer).
         activation_checkpointing: keep only each layer's input from the forward pass and
@@ -88,7 +105,7 @@ class FSDP2Strategy(ModelParallelStrategy):
         layers: list[str] | None = None,
         param_dtype: str | None = None,
         reduce_dtype: str | None = None,
-        cpu_offload: bool = False,
+        offload: str = "none",
         reshard_after_forward: bool = True,
         activation_checkpointing: bool = False,
         rollout_gather: str = "whole",
@@ -101,6 +118,12 @@ class FSDP2Strategy(ModelParallelStrategy):
                 f"strategy.rollout_gather ({rollout_gather!r}) must be one of {ROLLOUT_GATHERS}: "
                 "how rollouts read the sharded senior. Set trainer.strategy.rollout_gather="
                 "per_layer where the whole senior does not fit beside its shards, else whole."
+            )
+        if offload not in OFFLOADS:
+            raise ValueError(
+                f"strategy.offload ({offload!r}) must be one of {OFFLOADS}: where the senior's "
+                "float32 shards and AdamW state live. between_phases is verl's offload (the "
+                "authors'), fsdp FSDP2's CPUOffloadPolicy; none keeps them on the device."
             )
         for key, value in (("param_dtype", param_dtype), ("reduce_dtype", reduce_dtype)):
             if value is not None and value not in DTYPES:
@@ -116,7 +139,11 @@ class FSDP2Strategy(ModelParallelStrategy):
             process_group_backend=process_group_backend,
             timeout=timeout,
         )
-        self.layers, self.cpu_offload = layers, cpu_offload
+        self.layers, self.offload = layers, offload
+        # where place() last put the shards and the optimizer state (True: the device; None
+        # until its first call), and every move it made as (what, "device" | "host")
+        self.placed: dict[str, bool] | None = None
+        self.moves: list[tuple[str, str]] = []
         self.param_dtype, self.reduce_dtype = param_dtype, reduce_dtype
         self.reshard_after_forward = reshard_after_forward
         self.activation_checkpointing = activation_checkpointing
@@ -129,9 +156,9 @@ class FSDP2Strategy(ModelParallelStrategy):
         super().setup_environment()
 
     def model_to_device(self) -> None:
-        # fully_shard has placed every parameter and buffer already; with CPU offload the
+        # fully_shard has placed every parameter and buffer already; with FSDP2's offload the
         # shards must stay in host memory, where moving the whole module would undo it
-        if not self.cpu_offload:
+        if self.offload != "fsdp":
             super().model_to_device()
 
     @property
@@ -147,10 +174,47 @@ class FSDP2Strategy(ModelParallelStrategy):
             layers=self.layers,
             param_dtype=self.param_dtype,
             reduce_dtype=self.reduce_dtype,
-            cpu_offload=self.cpu_offload,
+            cpu_offload=self.offload == "fsdp",
             reshard_after_forward=self.reshard_after_forward,
             activation_checkpointing=self.activation_checkpointing,
         )
+
+    def place(self, model: nn.Module, shards: bool, optimizer_state: bool = False) -> None:
+        """``offload=between_phases``: ``model``'s float32 shards and the optimizer's state on
+        the device (True) or the host (False) for the phase that follows; a no-op otherwise.
+
+        Shards move through ``nn.Module.to``, which FSDP2 follows (its sharded parameters are
+        re-registered, the optimizer keeps the same parameter objects); optimizer state tensor
+        by tensor. Gradients are never moved: the update frees them after each step.
+        """
+        if self.offload != "between_phases":
+            return
+        if self.placed is None:
+            # the shards start on the device; so does an optimizer state a resume has loaded
+            # (a fresh one is empty, made where the parameters are at the first step)
+            held = any(state for opt in self.optimizers for state in opt.state.values())
+            self.placed = {"shards": True, "optimizer_state": held}
+        # on a CPU-only machine the device is the host: the moves are no-ops, but recorded
+        if shards != self.placed["shards"]:
+            model.to(self.root_device if shards else torch.device("cpu"))
+            self._moved("shards", shards)
+        if optimizer_state != self.placed["optimizer_state"]:
+            device = self.root_device if optimizer_state else torch.device("cpu")
+            for optimizer in self.optimizers:
+                for state in optimizer.state.values():
+                    for key, value in state.items():
+                        # AdamW's step counter stays where the optimizer keeps it
+                        if torch.is_tensor(value) and value.dim():
+                            state[key] = value.to(device, non_blocking=True)
+            if not optimizer_state and self.root_device.type == "cuda":
+                # copies to the host land in pinned memory asynchronously: a checkpoint may
+                # read them next, so they must have landed
+                torch.cuda.synchronize(self.root_device)
+            self._moved("optimizer_state", optimizer_state)
+
+    def _moved(self, what: str, to_device: bool) -> None:
+        self.placed[what] = to_device
+        self.moves.append((what, "device" if to_device else "host"))
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], filepath: str | os.PathLike, storage_options: Any = None
@@ -194,8 +258,7 @@ def shard(
             "trainer.strategy.layers=[Qwen3DecoderLayer]."
         )
     if activation_checkpointing:
-        # non-reentrant: the recomputed forward runs FSDP2's hooks like the first one did
-        model.gradient_checkpointing_enable({"use_reentrant": False})
+        checkpoint_layers(model)
     options: dict[str, Any] = {"mesh": mesh}
     if param_dtype is not None or reduce_dtype is not None:
         options["mp_policy"] = MixedPrecisionPolicy(
@@ -212,11 +275,37 @@ def shard(
     return model
 
 
+def checkpoint_layers(model: nn.Module) -> None:
+    """Recompute each decoder layer's activations in backward (non-reentrant: the recomputed
+    forward runs FSDP2's hooks as the first one did), through transformers' own switch
+    (``activation_checkpointing_enable`` from transformers 5.x on, the older name before)."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    enable = enable or model.gradient_checkpointing_enable
+    enable({"use_reentrant": False})
+
+
 def is_sharded(model: nn.Module) -> bool:
     """Whether ``model`` is an FSDP2 module (its parameters are ``DTensor`` shards)."""
     from torch.distributed.fsdp import FSDPModule
 
     return isinstance(model, FSDPModule)
+
+
+@contextmanager
+def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
+    """Whether the backwards of the block reduce a sharded ``model``'s gradients (and, under
+    FSDP2's offload, copy them to the host): off, each parameter's gradient accumulates
+    unsharded on its device in the reduce dtype (FSDP2's ``set_requires_gradient_sync``, FSDP1's
+    ``no_sync``). A model that is not sharded passes through."""
+    if not is_sharded(model):
+        yield
+        return
+    model.set_requires_gradient_sync(enabled)
+    try:
+        yield
+    finally:
+        # every other backward (and the next mini-batch's last) reduces as FSDP2 does
+        model.set_requires_gradient_sync(True)
 
 
 @contextmanager

@@ -6,7 +6,9 @@ forward of the senior (the rows of one prompt reading one copy of it), its share
 mini-batch's loss (each token weighted as the whole mini-batch weighs it, ``LossWeights``) and
 one backward. The summed gradient is the one a single
 pass over the whole mini-batch would give, at any budget; a micro-batch with a share of 0 (a
-repeat that keeps the ranks of a distributed run in step) adds nothing.
+repeat that keeps the ranks of a distributed run in step) adds nothing. A sharded senior's
+gradients stay unreduced on its device until the mini-batch's last micro-batch, whose backward
+reduces them once (FSDP2's ``set_requires_gradient_sync``), as verl and TRL accumulate.
 
 What this file leaves out: the optimizer step, the schedule of passes and mini-batches
 (``tandem.modules.grpo``) and the objective's algebra (``tandem.modules.loss``).
@@ -19,8 +21,15 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from tandem.modules.logprobs import CHUNK_TOKENS, lays_out_rows, pack, packed_logprobs
+from tandem.modules.logprobs import (
+    CHUNK_TOKENS,
+    lays_out_rows,
+    pack,
+    packed_logprobs,
+    rows_attention_for,
+)
 from tandem.modules.loss import LossConfig, LossWeights, grpo_loss
+from tandem.modules.sharding import gradient_sync
 from tandem.runs.stop import stop_point
 
 
@@ -82,22 +91,25 @@ def accumulate(
     totals: dict[str, Tensor] = {}
     seen = []
     share_prompts = lays_out_rows(model)
-    for rows, share in parts:
+    device = next(model.parameters()).device
+    for k, (rows, share) in enumerate(parts):
         stop_point()  # a signal stops the run here, between micro-batches
         packed = pack(batch.ids[rows], batch.mask[rows], batch.start, share_prompts)
-        (logp,) = packed_logprobs(model, packed, [temperature], chunk_tokens)  # [n, T]
-        dev = logp.device
-        loss, stats = grpo_loss(
-            logp,
-            batch.old[rows].to(dev),
-            None if batch.ref is None else batch.ref[rows].to(dev),
-            batch.advantages[rows].to(dev),
-            batch.senior_mask[rows].to(dev),
-            batch.junior_mask[rows].to(dev),
-            cfg,
-            weights.rows(rows.new_tensor([local[int(r)] for r in rows.tolist()])),
-        )
-        backward(loss * share)
+        # the backward inside the block: a checkpointed layer's recomputation reads the rows
+        # attention too. Gradients are reduced once a mini-batch, after its last micro-batch
+        with rows_attention_for(model, packed, device), gradient_sync(model, k == len(parts) - 1):
+            (logp,) = packed_logprobs(model, packed, [temperature], chunk_tokens)  # [n, T]
+            loss, stats = grpo_loss(
+                logp,
+                batch.old[rows].to(device),
+                None if batch.ref is None else batch.ref[rows].to(device),
+                batch.advantages[rows].to(device),
+                batch.senior_mask[rows].to(device),
+                batch.junior_mask[rows].to(device),
+                cfg,
+                weights.rows(rows.new_tensor([local[int(r)] for r in rows.tolist()])),
+            )
+            backward(loss * share)
         for key, value in stats.items():
             totals[key] = totals.get(key, 0) + value * share
         seen.append(logp.detach())

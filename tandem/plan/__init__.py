@@ -71,6 +71,7 @@ def make_plan(
     world_size: int | None = None,
     devices: Sequence[tuple[str, int]] | None = None,
     fixes: bool = True,
+    host_bytes: int | None = None,
 ) -> Plan:
     """The plan of a composed training config.
 
@@ -80,27 +81,39 @@ def make_plan(
             ``devices: auto`` as many as the devices given).
         devices: ``(name, bytes)`` of one machine's devices (None: this machine's).
         fixes: for a plan that does not fit, also find the overrides that would.
+        host_bytes: a GPU machine's host memory (None: this machine's when ``devices`` is
+            None, else unknown: the host's figures are shown, not checked).
     """
     if world_size is None:
         world_size = _world_size(cfg, None if devices is None else len(devices))
     s = Settings.from_config(cfg, world_size)
-    devices = tuple(devices) if devices is not None else local_devices(s.accelerator)
-    plan = plan_memory(s, devices)
-    if fixes and not plan.fits:
+    if devices is None:
+        devices = local_devices(s.accelerator)
+        if host_bytes is None and s.accelerator == "gpu":
+            import psutil
+
+            host_bytes = psutil.virtual_memory().total
+    plan = plan_memory(s, tuple(devices), host_bytes)
+    if fixes and (plan.problems or not all(d.fits for d in plan.devices)):
         alone, together = find_fixes(s, devices)
         plan = replace(plan, fixes=alone, together=together)
     return plan
 
 
 def check_plan(
-    cfg: DictConfig, world_size: int, devices: Sequence[tuple[str, int]] | None = None
+    cfg: DictConfig,
+    world_size: int,
+    devices: Sequence[tuple[str, int]] | None = None,
+    host_bytes: int | None = None,
 ) -> Plan:
-    """The plan of a run about to start on this machine's devices (or ``devices``); raises
-    ``PlanError`` when it does not fit, with the figures and the overrides that would fit."""
+    """The plan of a run about to start on this machine's devices (or ``devices``, with
+    ``host_bytes`` of host memory); raises ``PlanError`` when it does not fit, with the figures
+    and the overrides that would fit."""
     from tandem.plan.report import refusal
 
-    plan = make_plan(cfg, world_size, devices)
-    if plan.problems and all(d.fits for d in plan.devices):
+    plan = make_plan(cfg, world_size, devices, host_bytes=host_bytes)
+    host_fits = plan.host is None or not plan.host.capacity or plan.host.fits
+    if plan.problems and host_fits and all(d.fits for d in plan.devices):
         # every device holds its peak: what is refused is a setting of the layout (a KV budget
         # smaller than one prompt's group, a device not given), which the problems name
         raise PlanError(" ".join(plan.problems), plan)

@@ -47,11 +47,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tandem.plan", description=__doc__)
     parser.add_argument("--config-name", "-cn", default="train")
     parser.add_argument("--devices", default=None, help="COUNTxGIB, e.g. 2x80")
+    parser.add_argument(
+        "--host-gib",
+        type=float,
+        default=None,
+        help="the GPU machine's host memory, GiB (default: this machine's, without --devices)",
+    )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, as tandem.train takes")
     args = parser.parse_intermixed_args(argv)
     try:
         cfg = _compose(args.config_name, args.overrides)
-        plan = _plan(cfg, args.devices)
+        plan = _plan(cfg, args.devices, args.host_gib)
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
         return 2
@@ -60,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _plan(cfg: DictConfig, devices_arg: str | None) -> Plan:
+def _plan(cfg: DictConfig, devices_arg: str | None, host_gib: float | None = None) -> Plan:
     """The plan of a composed config, or ``ConfigError`` for a config or devices it cannot
     plan: the config's own problems and its model folders are checked first, as a run checks
     them, so that the formulas never meet a value they cannot take."""
@@ -89,7 +95,10 @@ def _plan(cfg: DictConfig, devices_arg: str | None) -> Plan:
                 "the config trains on GPUs and this machine has no CUDA: give the devices "
                 "to plan for, e.g. --devices 2x80."
             )
-    plan = make_plan(cfg, devices=devices)
+    if host_gib is not None and not host_gib > 0:
+        raise ConfigError(f"--host-gib ({host_gib:g}) must be a size in GiB above 0.")
+    host = None if host_gib is None else int(host_gib * GiB)
+    plan = make_plan(cfg, devices=devices, host_bytes=host)
     idle = [d.name for d in plan.devices if not d.phases]
     if idle and devices_arg is not None:
         used = len(plan.devices) - len(idle)

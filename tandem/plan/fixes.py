@@ -102,7 +102,7 @@ def _fsdp_flag(field: str, value: object, family: str) -> Callable[[State, int],
         s, _ = state
         if s.strategy != "fsdp2" or getattr(s, field) == value:
             return []
-        if field == "cpu_offload" and s.accelerator != "gpu":
+        if field == "offload" and s.accelerator != "gpu":
             return []
         text = str(value).lower() if isinstance(value, bool) else value
         return [
@@ -114,6 +114,17 @@ def _fsdp_flag(field: str, value: object, family: str) -> Callable[[State, int],
         ]
 
     return options
+
+
+def _offloads(state: State, limit: int) -> list[Option]:
+    """``trainer.strategy.offload``: verl's layout first (shards and optimizer state on the host
+    between phases, the step on the device), then FSDP2's (on the host for good, the step run
+    by the host's CPU: the least device memory and the slowest step)."""
+    return [
+        option
+        for value in ("between_phases", "fsdp")
+        for option in _fsdp_flag("offload", value, "offload")(state, limit)
+    ]
 
 
 def _sharded(state: State, limit: int) -> list[Option]:
@@ -153,7 +164,7 @@ def _to_fsdp(state: State, n: int) -> State:
             precision="32-true",
             param_dtype="bfloat16",
             reduce_dtype="float32",
-            cpu_offload=False,
+            offload="none",
             activation_checkpointing=False,
             rollout_gather="whole",
             reshard_after_forward=True,
@@ -173,7 +184,7 @@ FAMILIES: dict[str, Callable[[State, int], list[Option]]] = {
     "checkpointing": _fsdp_flag("activation_checkpointing", True, "checkpointing"),
     "gather": _fsdp_flag("rollout_gather", "per_layer", "gather"),
     "fsdp": _sharded,
-    "offload": _fsdp_flag("cpu_offload", True, "offload"),
+    "offload": _offloads,
 }
 # what each family costs in step time, roughly: a set of fixes is chosen by its sum
 COST = {"junior": 0, "micro": 1, "kv": 2, "checkpointing": 3, "fsdp": 3, "gather": 5, "offload": 8}

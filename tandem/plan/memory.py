@@ -2,7 +2,9 @@
 
 Phases (what is alive at the worst moment of each):
 
-- ``rollout``: weights and optimizer state (gradients are freed after every optimizer step),
+- ``rollout``: weights and optimizer state (gradients are freed after every optimizer step;
+  ``offload=between_phases`` keeps the optimizer state on the host, and the shards too where
+  vLLM samples),
   the senior as the engine reads it (gathered whole or by layer under FSDP2), the junior, both
   models' KV caches for the prompt groups generated at once (every position reserved at the
   prefill; ``generation.kv_cache_gib``, or 90% of the memory free when the rollout starts) and
@@ -10,7 +12,9 @@ Phases (what is alive at the worst moment of each):
 - ``old_logprobs`` / ``ref_logprobs``: one no-grad forward of the largest micro-batch through
   the senior (the old log-probs) or the junior (a KL term's reference), where the trainer
   recomputes them;
-- ``update``: weights, optimizer state, gradients, one micro-batch's saved activations (and
+- ``update``: weights, optimizer state, gradients (a sharded senior's unsharded and whole in
+  the reduce dtype while they accumulate over a mini-batch's micro-batches, reduced once at its
+  last: ``tandem.modules.sharding.gradient_sync``), one micro-batch's saved activations (and
   its attention mask, where rows are not laid out) and what the backward holds beside them
   (an LM-head chunk and its gradient, or the head's weight gradients);
 - ``step``: AdamW's step (a float32 temporary of every parameter on a GPU, of the largest
@@ -26,6 +30,11 @@ what was measured of each; ``benchmarks/plan_memory.py`` holds them to real trai
 With ``module.backend.name=vllm`` the torch engine's rollout terms give way to vLLM's engine:
 ``gpu_memory_utilization`` of the senior's device, held in every phase (``_vllm_engine``).
 
+On GPUs the host is planned too (``host_plan``): what each process loads there before its
+models move to their devices (the senior in float32, the junior), the runtime, and the shards,
+gradients and optimizer state an offload layout keeps there in each phase. ``fits`` includes it
+where the host's size is known (this machine's, or ``--host-gib``).
+
 Not counted: validation rollouts (fewer rows than training ones), the allocator's
 fragmentation (``MARGIN`` of each device is kept for it).
 
@@ -40,12 +49,16 @@ from dataclasses import dataclass
 
 from tandem.plan import activations as act
 from tandem.plan.settings import Settings
+from tandem.plan.shape import DTYPE_BYTES
 
 GiB = 2**30
 # kept free on every device: the caching allocator's fragmentation, and what no formula sees
 MARGIN = 0.05
 # a CUDA context, cuBLAS workspaces and NCCL buffers: per process, on every device it uses
 RUNTIME_BYTES = GiB
+# a training process's own host memory: Python, torch with its CUDA libraries, transformers,
+# Lightning (about 2.5 GiB resident measured on CUDA machines; rounded up)
+HOST_RUNTIME_BYTES = 3 * GiB
 PHASES = ("rollout", "old_logprobs", "ref_logprobs", "update", "step")
 
 
@@ -94,6 +107,7 @@ class Plan:
 
     settings: Settings
     devices: tuple[DevicePlan, ...]
+    host: DevicePlan | None = None
     problems: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     fixes: tuple[Fix, ...] = ()
@@ -106,7 +120,9 @@ class Plan:
 
     @property
     def fits(self) -> bool:
-        return not self.problems and all(d.fits for d in self.devices)
+        """Every device fits, and the host where its size is known (capacity 0: unknown)."""
+        host = self.host is None or not self.host.capacity or self.host.fits
+        return not self.problems and host and all(d.fits for d in self.devices)
 
     def phase_bytes(self, device: int = 0) -> dict[str, int]:
         """Each phase's predicted bytes on one device: what a measurement compares against."""
@@ -114,13 +130,17 @@ class Plan:
         return {phase: d.total(phase) for phase in d.phases}
 
 
-def plan_memory(s: Settings, devices: Sequence[tuple[str, int]]) -> Plan:
-    """Every device's bytes under ``s``.
+def plan_memory(
+    s: Settings, devices: Sequence[tuple[str, int]], host_bytes: int | None = None
+) -> Plan:
+    """Every device's bytes under ``s``, and the host's on GPUs.
 
     Args:
         s: the run's settings.
         devices: ``(name, bytes)`` of each device of one machine: the GPUs in order, or the
             host (``cpu``) for a CPU run.
+        host_bytes: the host memory of a GPU machine (None: unknown, its figures are shown but
+            not checked).
     """
     problems, notes = [], []
     gpu = s.accelerator == "gpu"
@@ -157,16 +177,43 @@ def plan_memory(s: Settings, devices: Sequence[tuple[str, int]]) -> Plan:
                     bucket["runtime"] = bucket.get("runtime", 0) + RUNTIME_BYTES
     if s.backend == "vllm":
         _vllm_engine(s, devices, totals, problems, notes)
-    if _offloaded(s):
-        host = math.ceil(s.senior.params / s.shards) * s.weight_bytes * (2 + s.optimizer_states)
-        notes.append(f"cpu_offload: {host / GiB:.1f} GiB of shards per process in host memory.")
     plans = tuple(
         DevicePlan(
             name, capacity, {p: {k: v for k, v in t.items() if v} for p, t in phases.items()}
         )
         for (name, capacity), phases in zip(devices, totals, strict=True)
     )
-    return Plan(s, plans, tuple(dict.fromkeys(problems)), tuple(dict.fromkeys(notes)))
+    host = host_plan(s, list(per_rank), host_bytes) if gpu else None
+    return Plan(s, plans, host, tuple(dict.fromkeys(problems)), tuple(dict.fromkeys(notes)))
+
+
+def host_plan(s: Settings, phases: list[str], capacity: int | None) -> DevicePlan:
+    """The host of a GPU machine: every process's runtime in every phase; before training
+    (``load``) each process's senior in float32 and its junior, read there from their files
+    before they move to their devices; in each phase the shards, gradients and optimizer state
+    its offload layout keeps there."""
+    ranks = s.local_ranks
+    runtime = {"host_runtime": ranks * HOST_RUNTIME_BYTES}
+    load = {
+        **runtime,
+        "senior_load": ranks * s.senior.params * 4,
+        "junior_load": ranks * s.junior.params * s.junior_bytes,
+    }
+    out = {"load": load}
+    shard = math.ceil(s.senior.params / s.shards) * s.weight_bytes
+    for phase in phases:
+        terms = dict(runtime)
+        device = _resident(s, phase)
+        if s.offloaded != "none":
+            if not device[("senior", "senior_weights")]:
+                terms["senior_weights"] = ranks * shard
+            if not device[("senior", "optimizer_state")]:
+                terms["optimizer_state"] = ranks * shard * s.optimizer_states
+        if s.offloaded == "fsdp" and phase in ("update", "step"):
+            # reduced gradients land on the host (FSDP2's CPUOffloadPolicy)
+            terms["gradients"] = ranks * shard
+        out[phase] = terms
+    return DevicePlan("host", capacity or 0, out)
 
 
 def _vllm_engine(s: Settings, devices, totals, problems: list[str], notes: list[str]) -> None:
@@ -250,14 +297,14 @@ def rank_terms(
     t, chunk = s.micro_tokens, s.logprob_chunk_tokens
     # the vLLM backend's engine is planned apart (_vllm_engine), not the torch engine's rollout
     rollout = _rollout(s, kv_free, shared) if s.backend != "vllm" else {}
-    phases = {"rollout": {**_held(s), **_compute(s, "rollout"), **rollout}}
+    phases = {"rollout": {**_held(s, "rollout"), **_compute(s, "rollout"), **rollout}}
     if s.old_pass:
         cb, resid = s.compute_bytes, act.residual_bytes(s)
         forward = act.no_grad_forward(
             s.senior, t, s.head_positions, chunk, cb, resid, s.read_positions
         )
         phases["old_logprobs"] = {
-            **_held(s),
+            **_held(s, "old_logprobs"),
             **_compute(s, "old_logprobs"),
             ("senior", "forward_senior"): forward,
         }
@@ -267,24 +314,24 @@ def rank_terms(
             s.junior, t, s.head_positions, chunk, cb, s.junior_bytes, s.read_positions
         )
         phases["ref_logprobs"] = {
-            **_held(s),
+            **_held(s, "ref_logprobs"),
             **_compute(s, "old_logprobs"),
             ("junior", "forward_junior"): forward,
         }
     acts, mask = act.activation_bytes(s)
     phases["update"] = {
-        **_held(s),
-        **_gradients(s),
+        **_held(s, "update"),
+        **_gradients(s, "update"),
         **_compute(s, "update"),
         ("senior", "activations"): acts,
         ("senior", "attention_mask"): mask,
         ("senior", "backward"): act.backward_bytes(s),
     }
     phases["step"] = {
-        **_held(s),
-        **_gradients(s),
+        **_held(s, "step"),
+        **_gradients(s, "step"),
         **_compute(s, "step"),
-        ("senior", "step_temp"): act.step_temp(s, _offloaded(s)),
+        ("senior", "step_temp"): act.step_temp(s, s.offloaded == "fsdp"),
     }
     for phase, terms in _host_tensors(s).items():
         if phase in phases:  # the no-grad passes are there only when configured
@@ -323,9 +370,10 @@ def _host_tensors(s: Settings) -> dict[str, dict[tuple[str, str], int]]:
     }
 
 
-def _held(s: Settings) -> dict[tuple[str, str], int]:
-    """Alive in every phase: the master weights, the optimizer state and the junior."""
-    return {**_resident(s), ("junior", "junior_weights"): s.junior.params * s.junior_bytes}
+def _held(s: Settings, phase: str) -> dict[tuple[str, str], int]:
+    """Alive through ``phase``: the master weights and the optimizer state where the offload
+    layout keeps them on the device, and the junior."""
+    return {**_resident(s, phase), ("junior", "junior_weights"): s.junior.params * s.junior_bytes}
 
 
 def shared_device(s: Settings, count: int | None = None) -> bool:
@@ -351,7 +399,7 @@ def _kv_free(
     if s.kv_cache_gib is not None:
         return None
     gpu = s.accelerator == "gpu"
-    before = {**_held(s), **_compute(s, "rollout")}
+    before = {**_held(s, "rollout"), **_compute(s, "rollout")}
     runtime = RUNTIME_BYTES if gpu else 0
     sharing = 1 if gpu else s.local_ranks
     on_senior = sum(v for (where, _), v in before.items() if shared or where == "senior")
@@ -365,26 +413,40 @@ def _kv_free(
     return free
 
 
-def _offloaded(s: Settings) -> bool:
-    return s.cpu_offload and s.strategy == "fsdp2" and s.accelerator == "gpu"
-
-
-def _resident(s: Settings) -> dict[tuple[str, str], int]:
-    """The senior's float32 master weights and optimizer state: always there."""
-    if _offloaded(s):
-        return {}
+def _resident(s: Settings, phase: str) -> dict[tuple[str, str], int]:
+    """The senior's float32 master weights and optimizer state on its device in ``phase``:
+    always (``offload=none``), never (``fsdp``), or where the phase reads them
+    (``between_phases``: ``tandem.modules.grpo.TandemGRPO.place``)."""
+    layout = s.offloaded
+    shards = layout == "none" or (layout == "between_phases" and phase != "rollout")
+    # the torch engine's rollout reads the shards; vLLM's reads its own copy
+    shards |= layout == "between_phases" and phase == "rollout" and s.backend != "vllm"
+    state = layout == "none" or (layout == "between_phases" and phase in ("update", "step"))
     shard = math.ceil(s.senior.params / s.shards) * s.weight_bytes
     return {
-        ("senior", "senior_weights"): shard,
-        ("senior", "optimizer_state"): shard * s.optimizer_states,
+        ("senior", "senior_weights"): shard if shards else 0,
+        ("senior", "optimizer_state"): shard * s.optimizer_states if state else 0,
     }
 
 
-def _gradients(s: Settings) -> dict[tuple[str, str], int]:
-    grads = 0 if _offloaded(s) else math.ceil(s.senior.params / s.shards) * s.weight_bytes
+def _gradients(s: Settings, phase: str) -> dict[tuple[str, str], int]:
+    """Gradients on the senior's device. A sharded senior's accumulate unsharded, whole and in
+    the reduce dtype, over a mini-batch's micro-batches (reduced once, in the last backward:
+    the update's peak holds them all); reduced, they are shards (on the host under
+    ``offload=fsdp``)."""
+    shard = math.ceil(s.senior.params / s.shards) * s.weight_bytes
+    grads = 0 if s.offloaded == "fsdp" else shard
+    accumulated = 0
+    if s.strategy == "fsdp2" and s.accumulates and phase == "update":
+        reduce = s.reduce_dtype or s.param_dtype or "float32"
+        accumulated, grads = s.senior.params * DTYPE_BYTES[reduce], 0
     # DDP reduces through buckets that copy every gradient (gradient_as_bucket_view is off)
     buckets = s.senior.params * s.weight_bytes if s.strategy == "ddp" else 0
-    return {("senior", "gradients"): grads, ("senior", "ddp_buckets"): buckets}
+    return {
+        ("senior", "gradients"): grads,
+        ("senior", "accumulated_gradients"): accumulated,
+        ("senior", "ddp_buckets"): buckets,
+    }
 
 
 def _compute(s: Settings, phase: str) -> dict[tuple[str, str], int]:

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from tandem.plan.memory import MARGIN, Fix, GiB, Plan
+from tandem.plan.memory import MARGIN, DevicePlan, Fix, GiB, Plan
 from tandem.plan.settings import Settings
 
 PHASE_LABELS = {
+    "load": "load",
     "rollout": "rollout",
     "old_logprobs": "old log-probs",
     "ref_logprobs": "ref log-probs",
@@ -21,6 +22,7 @@ TERM_LABELS = {
     "senior_weights": "senior weights",
     "optimizer_state": "optimizer state",
     "gradients": "gradients",
+    "accumulated_gradients": "gradients, accumulating",
     "ddp_buckets": "DDP gradient buckets",
     "compute_copy": "compute copy (autocast)",
     "gathered_senior": "gathered senior (FSDP2)",
@@ -38,8 +40,18 @@ TERM_LABELS = {
     "step_temp": "AdamW step temporaries",
     "runtime": "runtime (CUDA, NCCL)",
     "vllm_engine": "vLLM engine (both models, KV)",
-    "rollout_tensors": "rollout tensors (host)",
-    "update_inputs": "update inputs (host)",
+    "host_runtime": "processes (Python, torch)",
+    "senior_load": "senior read in float32",
+    "junior_load": "junior read",
+    "rollout_tensors": "rollout tensors",
+    "update_inputs": "update inputs (ids, masks)",
+}
+
+
+OFFLOAD_WORDS = {
+    "none": "",
+    "fsdp": ", shards, gradients and optimizer state on the host (FSDP2's offload, step there)",
+    "between_phases": ", shards and optimizer state on the host between phases (verl's offload)",
 }
 
 
@@ -60,7 +72,7 @@ def describe(s: Settings) -> list[str]:
             f"FSDP2 over {s.world} processes, computing in {s.compute_dtype}"
             f"{', activation checkpointing' if s.activation_checkpointing else ''}"
             f", rollouts read the senior {s.rollout_gather.replace('_', ' ')}"
-            f"{', shards offloaded to the host' if s.cpu_offload else ''}"
+            f"{OFFLOAD_WORDS[s.offloaded]}"
         )
     else:
         kind = "one process" if s.strategy == "single" else f"DDP over {s.world} processes"
@@ -91,12 +103,14 @@ def describe(s: Settings) -> list[str]:
 def table(plan: Plan) -> str:
     """Every device's terms (GiB) by phase, its peak, and the fixes when it does not fit."""
     lines = ["Memory plan (GiB)", *(f"  {line}" for line in describe(plan.settings)), ""]
-    for d in plan.devices:
+    for d in (*plan.devices, *([plan.host] if plan.host is not None else [])):
         phases = list(d.phases)
         verdict = "fits" if d.fits else "DOES NOT FIT"
+        size = f"{gib(d.capacity):g} GiB ({gib(d.usable):.1f} usable)"
+        if not d.capacity:  # a host of unknown size
+            size, verdict = "size not given", "not checked (give --host-gib)"
         lines.append(
-            f"{d.name}: {gib(d.capacity):g} GiB ({gib(d.usable):.1f} usable), peak "
-            f"{gib(d.peak):,.1f} in {PHASE_LABELS[d.peak_phase]}: {verdict}"
+            f"{d.name}: {size}, peak {gib(d.peak):,.1f} in {PHASE_LABELS[d.peak_phase]}: {verdict}"
         )
         terms = [t for t in TERM_LABELS if any(t in d.phases[p] for p in phases)]
         head = f"  {'':<28}" + "".join(f"{PHASE_LABELS[p]:>15}" for p in phases)
@@ -165,12 +179,23 @@ def summary(plan: Plan) -> dict[str, Any]:
         "senior_params": s.senior.params,
         "junior_params": s.junior.params,
         "world_size": s.world,
+        "host": None if plan.host is None else _host_json(plan.host),
         "micro_batch_tokens": s.micro_tokens,
         "rollout_positions": s.row_tokens,
         "problems": list(plan.problems),
         "notes": list(plan.notes),
         "fixes": [_fix_json(f) for f in plan.fixes],
         "together": None if plan.together is None else _fix_json(plan.together),
+    }
+
+
+def _host_json(host: DevicePlan) -> dict[str, Any]:
+    return {
+        "capacity_gib": gib(host.capacity) if host.capacity else None,
+        "peak_gib": gib(host.peak),
+        "peak_phase": host.peak_phase,
+        "fits": host.fits if host.capacity else None,
+        "phases": {p: {t: gib(v) for t, v in terms.items()} for p, terms in host.phases.items()},
     }
 
 
@@ -186,6 +211,8 @@ def _fix_json(fix: Fix) -> dict[str, Any]:
 def refusal(plan: Plan) -> str:
     """Why a run that does not fit is refused, and what would make it fit."""
     fullest = max(plan.devices, key=lambda d: d.peak)
+    if fullest.fits and plan.host is not None and plan.host.capacity and not plan.host.fits:
+        return _host_refusal(plan.host)
     top = sorted(fullest.phases[fullest.peak_phase].items(), key=lambda kv: -kv[1])[:4]
     terms = ", ".join(f"{TERM_LABELS[t]} {gib(v):,.1f}" for t, v in top)
     lines = [
@@ -199,3 +226,18 @@ def refusal(plan: Plan) -> str:
     lines.extend(_fix_lines(plan))
     lines.append("Every term: python -m tandem.plan with the same config and overrides.")
     return "\n".join(lines)
+
+
+def _host_refusal(host: DevicePlan) -> str:
+    top = sorted(host.phases[host.peak_phase].items(), key=lambda kv: -kv[1])[:4]
+    terms = ", ".join(f"{TERM_LABELS.get(t, t)} {gib(v):,.1f}" for t, v in top)
+    return (
+        f"the run does not fit in memory: the host needs {gib(host.peak):,.1f} GiB in its "
+        f"{PHASE_LABELS[host.peak_phase]} phase, of {gib(host.usable):,.1f} usable "
+        f"({gib(host.capacity):g} GiB less {MARGIN:.0%}); the largest terms (GiB): {terms}. "
+        "The host holds what each process reads before its models move to their devices, and "
+        "what trainer.strategy.offload keeps there: between_phases keeps less than fsdp (no "
+        "gradients), none keeps nothing but the processes. Use a machine with more host "
+        "memory, fewer processes a machine, or offload less.\n"
+        "Every term: python -m tandem.plan with the same config and overrides."
+    )

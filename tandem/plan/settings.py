@@ -36,8 +36,9 @@ class Settings:
         strategy: ``single`` (one process), ``ddp`` or ``fsdp2``.
         world: processes in all (devices x nodes); nodes: machines.
         precision: ``trainer.precision`` (``bf16-mixed``, ``32-true``, ...).
-        param_dtype, reduce_dtype, cpu_offload, activation_checkpointing, rollout_gather,
-            reshard_after_forward: FSDP2's keys (``trainer.strategy.*``).
+        param_dtype, reduce_dtype, offload, activation_checkpointing, rollout_gather,
+            reshard_after_forward: FSDP2's keys (``trainer.strategy.*``; ``offload`` is
+            ``none``, ``fsdp`` or ``between_phases``).
         junior_device: ``model.junior_device`` (None: each rank's own device).
         junior_reads: the junior reads along in training rollouts (a tandem sampler, or a KL
             term), so it holds a KV cache.
@@ -71,7 +72,7 @@ class Settings:
     precision: str
     param_dtype: str | None
     reduce_dtype: str | None
-    cpu_offload: bool
+    offload: str
     activation_checkpointing: bool
     rollout_gather: str
     reshard_after_forward: bool
@@ -130,7 +131,7 @@ class Settings:
             precision=precision,
             param_dtype=fsdp.get("param_dtype"),
             reduce_dtype=fsdp.get("reduce_dtype"),
-            cpu_offload=bool(fsdp.get("cpu_offload", False)),
+            offload=str(fsdp.get("offload", "none")),
             activation_checkpointing=bool(fsdp.get("activation_checkpointing", False)),
             rollout_gather=fsdp.get("rollout_gather", "whole"),
             reshard_after_forward=bool(fsdp.get("reshard_after_forward", True)),
@@ -184,6 +185,20 @@ class Settings:
         whole = math.ceil(self.rows_per_rank / self.mini_batches) * self.row_tokens
         budget = self.max_tokens_per_micro_batch
         return whole if budget is None else min(whole, max(budget, self.row_tokens))
+
+    @property
+    def accumulates(self) -> bool:
+        """Whether a mini-batch can take more than one micro-batch (every row at its longest),
+        so that gradients accumulate over backwards before their one reduction."""
+        whole = math.ceil(self.rows_per_rank / self.mini_batches) * self.row_tokens
+        return self.max_tokens_per_micro_batch is not None and whole > self.micro_tokens
+
+    @property
+    def offloaded(self) -> str:
+        """The offload layout in force: ``offload`` for FSDP2 on GPUs, else ``none`` (on a CPU
+        the device is the host)."""
+        on_gpu = self.strategy == "fsdp2" and self.accelerator == "gpu"
+        return self.offload if on_gpu else "none"
 
     @property
     def read_positions(self) -> int:

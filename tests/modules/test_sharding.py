@@ -225,3 +225,75 @@ def test_per_layer_rollouts_keep_the_ranks_in_lockstep(tmp_path: Path, monkeypat
     layers = base.config.num_hidden_layers
     forwards = 2 + _LONG - 1
     assert ranks[0]["all_gathers"] == ranks[1]["all_gathers"] == 1 + layers * (1 + forwards)
+
+
+def _update_batch(vocab: int, rank: int):
+    """A mini-batch of 6 random rows of uneven lengths, each rank its own."""
+    from tandem.modules.update import UpdateBatch
+
+    g = torch.Generator().manual_seed(rank)
+    n, p, t = 6, 8, 20
+    ids = torch.randint(3, vocab, (n, p + t), generator=g)
+    mask = torch.zeros(n, p + t, dtype=torch.long)
+    for i in range(n):
+        mask[i, p - 3 - i % 4 : p] = 1
+        mask[i, p : p + 5 + 3 * i] = 1
+    real = mask[:, p:].bool()
+    senior = real & (torch.rand(real.shape, generator=g) < 0.6)
+    old = -torch.rand(n, t, generator=g) * real
+    return UpdateBatch(ids, mask, p, old, None, torch.randn(n, generator=g), senior, real & ~senior)
+
+
+def _reduce_worker(rank: int, folder: str) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from tandem.modules import update
+    from tandem.modules.logprobs import micro_batches
+    from tandem.modules.loss import LossConfig
+    from tandem.modules.sharding import gradient_sync
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{folder}/pg", rank=rank, world_size=WORLD)
+    mesh = init_device_mesh("cpu", (WORLD,))
+    cfg = LossConfig(lambda_jun=0.3)
+    batch = _update_batch(_tiny().config.vocab_size, rank)
+    rows = torch.arange(batch.ids.shape[0])
+    parts = [(p, 1.0) for p in micro_batches(batch.mask.sum(1), 30)]
+    real = dist.reduce_scatter_single
+    result: dict = {"parts": len(parts)}
+    for mode in ("once", "every"):
+        model = shard(_tiny(), mesh)
+        calls = [0]
+
+        def counted(*args, calls=calls, **kwargs):
+            calls[0] += 1
+            return real(*args, **kwargs)
+
+        dist.reduce_scatter_single = counted
+        if mode == "every":  # what accumulating without gradient_sync did: reduce each time
+            update.gradient_sync = lambda m, enabled: gradient_sync(m, True)
+        try:
+            update.accumulate(model, batch, rows, parts, cfg, 0.6, lambda x: x.backward())
+        finally:
+            dist.reduce_scatter_single = real
+            update.gradient_sync = gradient_sync
+        result[mode] = calls[0]
+        result[f"{mode}_grads"] = [p.grad.full_tensor().flatten() for p in model.parameters()]
+        result["units"] = sum(1 for m in model.modules() if is_sharded(m))
+    once, every = torch.cat(result.pop("once_grads")), torch.cat(result.pop("every_grads"))
+    result["relative_difference"] = float((once - every).norm() / every.norm())
+    Path(folder, f"rank{rank}.json").write_text(json.dumps(result))
+    dist.destroy_process_group()
+
+
+def test_gradients_are_reduced_once_a_mini_batch(tmp_path: Path) -> None:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    mp.spawn(_reduce_worker, args=(str(tmp_path),), nprocs=WORLD, join=True)
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD))
+    assert r0["parts"] >= 3 and r1["parts"] >= 3, "the mini-batch takes several micro-batches"
+    # one reduce-scatter per sharded unit for the whole mini-batch, not one per micro-batch
+    for r in (r0, r1):
+        assert r["once"] == r["units"], r
+        assert r["every"] == r["units"] * r["parts"], r
+        # held unreduced on the device and reduced once: the same gradient
+        assert r["relative_difference"] < 1e-6, r

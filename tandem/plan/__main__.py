@@ -124,10 +124,6 @@ def _compose(name: str, overrides: list[str]):
         raise ConfigError(str(err).split("\nConfig search path:")[0].strip()) from err
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def one_line(plan: Plan) -> str:
     """The plan in a line, as a run states it at its start when it fits (the table: this
     command, or the run's ``run_info.json``)."""
@@ -137,3 +133,9 @@ def one_line(plan: Plan) -> str:
         f"memory plan: peak {fullest.peak / GiB:,.2f} GiB of {fullest.usable / GiB:,.1f} usable "
         f"on {fullest.name} (its {fullest.peak_phase} phase): {verdict}"
     )
+
+
+if __name__ == "__main__":
+    from tandem.runs.leave import leave
+
+    leave(main())  # within a second of the last line, not after the interpreter's teardown

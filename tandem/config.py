@@ -20,13 +20,12 @@ What this file leaves out: composing the config (Hydra) and building objects fro
 
 from __future__ import annotations
 
-import difflib
 import functools
 import importlib.util
 import inspect
 import os
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -34,7 +33,19 @@ import hydra
 from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
-from tandem.assets import resolve
+from tandem.config_keys import (
+    DATA_RUN_KEYS,
+    GENERATION_FROM_RUN,
+    HYDRA_KEYS,
+    TARGET_FROM_RUN,
+    TRAINER_FROM_RUN,
+    did_you_mean,
+    indexed,
+    key_problems,
+    unknown_keys,
+)
+from tandem.config_models import check_models, check_pair
+from tandem.config_rules import check_data_size, check_hf_rows, check_learning
 from tandem.errors import ConfigError
 from tandem.registry import (
     BACKENDS,
@@ -69,8 +80,6 @@ VALIDATION_KEYS = (
     "at_start_and_end",
 )
 MODEL_KEYS = ("name_or_path", "junior_name_or_path", "dtype", "junior_device")
-# keys of the data group that are the run's, not the source's
-DATA_RUN_KEYS = ("max_prompt_tokens",)
 # the module's arguments that other groups decide -> the key each must interpolate
 MODULE_FROM_RUN = {
     "model": "model.name_or_path",
@@ -84,29 +93,6 @@ MODULE_FROM_RUN = {
     "val_temperature": "validation.temperature",
     "val_top_p": "validation.top_p",
     "metrics": "metrics",
-}
-# SamplingParams arguments that the module sets per rollout -> the key that decides them
-GENERATION_FROM_RUN = {
-    "seed": "seed (with the batch and the pass)",
-    "samples_per_prompt": "group_size",
-    "logprob_temperature": "module.logprob_temperature",
-}
-# arguments the code passes to what a `_target_` builds: the optimizer's and the scheduler's
-TARGET_FROM_RUN = {
-    "params": "the senior's parameters",
-    "optimizer": "the module's optimizer",
-}
-# Hydra's own keys of a `_target_` mapping
-HYDRA_KEYS = ("_target_", "_partial_", "_convert_", "_recursive_", "_args_")
-TRAINER_FROM_RUN = {
-    "callbacks": "the run's own callbacks",
-    "logger": "logger",
-    "default_root_dir": "output_dir",
-    "val_check_interval": "validation.every_n_steps",
-    "check_val_every_n_epoch": "validation.every_n_steps",
-    # the module optimises by hand (several optimizer steps per batch of rollouts)
-    "gradient_clip_val": "module.max_grad_norm",
-    "accumulate_grad_batches": "module.mini_batches",
 }
 
 
@@ -184,12 +170,17 @@ def check_before_imports(cfg: DictConfig, world_size: int = 1) -> None:
     problems = _problems_before_imports(OmegaConf.to_container(cfg, resolve=False), world_size)
     _raise_problems(
         problems,
-        " (the model, the data and the components' arguments are checked once these are fixed)",
+        " (the model, the data and the components' own rules are checked once these are fixed)",
     )
 
 
 def _problems_before_imports(c: dict, world_size: int) -> list[str]:
-    problems: list[str] = []
+    return _early_checks(c, world_size)[0]
+
+
+def _early_checks(c: dict, world_size: int) -> tuple[list[str], set[str]]:
+    """The problems found without imports, and the components whose arguments were read."""
+    problems, read = key_problems(c)
     unknown_keys(problems, "", c, _top_level_keys())
     unknown_keys(problems, "validation", c.get("validation"), VALIDATION_KEYS)
     unknown_keys(problems, "model", c.get("model"), MODEL_KEYS)
@@ -202,7 +193,9 @@ def _problems_before_imports(c: dict, world_size: int) -> list[str]:
     _check_ranges(problems, c)
     _check_sampling(problems, c)
     _check_precision(problems, c)
-    return problems
+    check_learning(problems, c)
+    check_data_size(problems, c)
+    return problems, read
 
 
 def _raise_problems(problems: list[str], note: str = "") -> None:
@@ -216,37 +209,49 @@ def _raise_problems(problems: list[str], note: str = "") -> None:
 def validate_train_config(cfg: DictConfig, world_size: int = 1) -> None:
     """Raise ``ConfigError`` listing every problem of a training config."""
     c = OmegaConf.to_container(cfg, resolve=False)
-    problems = _problems_before_imports(c, world_size)
-    _check_keys(problems, c)
-    check_sampler(problems, "sampler", c.get("sampler"))
-    check_component(problems, "reward", c.get("reward"), REWARDS)
+    # what the early checks read (their keys) is not read again: only the values
+    problems, read = _early_checks(c, world_size)
+    check_sampler(problems, "sampler", c.get("sampler"), read="sampler" in read)
+    check_component(problems, "reward", c.get("reward"), REWARDS, read="reward" in read)
     val = c.get("validation") or {}
     if val.get("sampler") is not None:
-        check_sampler(problems, "validation.sampler", val["sampler"])
-    check_metrics(problems, "metrics", c.get("metrics"))
-    _check_module(problems, c.get("module") or {})
-    _check_target(problems, "trainer", c.get("trainer"), TRAINER_FROM_RUN)
-    for where, spec in _indexed("logger", c.get("logger")):
-        _check_target(problems, where, spec)
-    _check_model(problems, c.get("model") or {})
+        read_val = "validation.sampler" in read
+        check_sampler(problems, "validation.sampler", val["sampler"], read=read_val)
+    if "metrics" not in read:
+        check_metrics(problems, "metrics", c.get("metrics"))
+    _check_module(problems, c.get("module") or {}, read)
+    _check_target(problems, "trainer", c.get("trainer"), TRAINER_FROM_RUN, read)
+    for where, spec in indexed("logger", c.get("logger")):
+        _check_target(problems, where, spec, None, read)
+    check_models(problems, c.get("model") or {})
     if not problems:  # both models' folders are there: their tokenizers can be read
         check_pair(problems, c)
-    _check_data(problems, _resolved(cfg, "data", c.get("data")))
+    b, g = c.get("batch_size"), c.get("group_size")
+    prompts = b // g if _int(b) and _int(g) and g > 0 else None
+    _check_data(problems, _resolved(cfg, "data", c.get("data")), "data" in read, prompts)
     _raise_problems(problems)
 
 
-def run_command(main: Callable[[], Any]) -> None:
-    """Run a ``@hydra.main`` command so that a config problem is one message and exit status 2.
+def run_command(main: Callable[[], Any]) -> NoReturn:
+    """Run a ``@hydra.main`` command so that a config problem is one message and exit status 2,
+    then end the process (``tandem.runs.leave``: within a second of its last line).
 
     Hydra prints its own errors with a trimmed traceback and exits 1; HYDRA_FULL_ERROR makes it
     raise them instead, so that its composition errors (an override of a key that does not
     exist, an unknown option of a group) end here like the checks of this module do.
     """
+    from tandem.runs.leave import leave
+
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")
+    code: int | str | None = 0
     try:
         main()
     except CompactHydraException as err:
-        exit_config_error(err)
+        code = 2
+        print(f"config error: {config_error_message(err)}", file=sys.stderr)
+    except SystemExit as done:
+        code = done.code
+    leave(code)
 
 
 def exit_config_error(err: Exception) -> NoReturn:
@@ -268,8 +273,7 @@ def config_error_message(err: Exception) -> str:
         return str(err).split("\nConfig search path:")[0].strip()
     where = full[: -len(str(key))].rstrip(".")
     known = [str(k) for k in parent]
-    close = difflib.get_close_matches(str(key), known, n=1)
-    hint = f" Did you mean {where + '.' if where else ''}{close[0]}?" if close else ""
+    hint = did_you_mean(where, str(key), known)
     return (
         f"{full} is not a key of {where or 'the top level'}: fix its spelling, or add a new key "
         f"with +{full}=...{hint} Known keys: {sorted(known)}."
@@ -277,13 +281,21 @@ def config_error_message(err: Exception) -> str:
 
 
 def check_component(
-    problems: list[str], key: str, spec: Any, registry: Registry, skip: tuple[str, ...] = ()
+    problems: list[str],
+    key: str,
+    spec: Any,
+    registry: Registry,
+    skip: tuple[str, ...] = (),
+    read: bool = False,
 ) -> None:
     """Append to ``problems`` what is wrong with the component config ``spec`` at ``key``.
 
     Checks the registry name, the arguments against the constructor (``skip``: arguments the
-    code passes itself, such as the tokenizer) and a probability ``p`` if there is one.
+    code passes itself, such as the tokenizer) and a probability ``p`` if there is one;
+    ``read``: the early checks did all this already (``tandem.config_keys``).
     """
+    if read:
+        return
     cls = _registered(problems, key, spec, registry)
     if cls is None:
         return
@@ -312,14 +324,14 @@ def _registered(problems: list[str], key: str, spec: Any, registry: Registry) ->
         return None
 
 
-def check_sampler(problems: list[str], key: str, spec: Any) -> None:
+def check_sampler(problems: list[str], key: str, spec: Any, read: bool = False) -> None:
     """``check_component`` for a sampler, then its own checks of its values (a rule or a
     boundary it does not know), by building it on a one-token stand-in vocabulary."""
     from tandem.samplers.boundaries import tables_from_surfaces
 
     before = len(problems)
-    check_component(problems, key, spec, SAMPLERS, skip=("tokenizer",))
-    if len(problems) > before:
+    check_component(problems, key, spec, SAMPLERS, skip=("tokenizer",), read=read)
+    if len(problems) > before or any(p.startswith((f"{key}:", f"{key}.")) for p in problems):
         return  # its name or keys are wrong already: building it would only say so again
     args = {k: v for k, v in spec.items() if k != "name"}
     try:
@@ -348,51 +360,6 @@ def check_metrics(problems: list[str], key: str, spec: Any) -> None:
                 f"{key}.{name} ({metric!r}) reads {missing}, which rollouts do not give: a metric "
                 f"listed here may read {list(ROLLOUT_INPUTS)}. Remove it from {key}."
             )
-
-
-def unknown_keys(
-    problems: list[str],
-    where: str,
-    given: Any,
-    known: Iterable[str],
-    set_by: dict[str, str] | None = None,
-    listed: str | None = None,
-) -> None:
-    """Append a problem for every key of ``given`` (the group at ``where``) not in ``known``.
-
-    ``set_by``: keys the run sets itself, each with the key to set instead. ``listed``: how to
-    name the known keys when there are too many to list.
-    """
-    if not isinstance(given, dict):
-        return
-    known = sorted(set(known))
-    for key in given:
-        full = f"{where}.{key}" if where else str(key)
-        if key in known:
-            continue
-        if set_by and key in set_by:
-            problems.append(f"{full} is set by the run itself from {set_by[key]}: set that.")
-            continue
-        close = difflib.get_close_matches(str(key), known, n=1)
-        hint = f" Did you mean {where + '.' if where else ''}{close[0]}?" if close else ""
-        problems.append(
-            f"{full} is not a key of {where or 'the top level'}: fix its spelling or remove it."
-            f"{hint} Known keys: {listed or known}."
-        )
-
-
-def _check_keys(problems: list[str], c: dict) -> None:
-    """The keys of the groups read into a class of the package (the others: before imports)."""
-    from tandem.engine import SamplingParams
-    from tandem.modules.loss import LossConfig
-
-    known = set(_arguments(SamplingParams)) - set(GENERATION_FROM_RUN)
-    listed = "the arguments of tandem.engine.SamplingParams"
-    unknown_keys(
-        problems, "generation", c.get("generation"), known, GENERATION_FROM_RUN, listed=listed
-    )
-    module = c.get("module") or {}
-    unknown_keys(problems, "module.loss", module.get("loss"), _arguments(LossConfig))
 
 
 @functools.cache
@@ -530,19 +497,19 @@ def _check_precision(problems: list[str], c: dict) -> None:
         )
 
 
-def _check_module(problems: list[str], m: dict) -> None:
+def _check_module(problems: list[str], m: dict, read: set[str] = frozenset()) -> None:
     from tandem.modules.loss import ADVANTAGE_MODES, OLD_LOGPROB_SOURCES, LossConfig
 
-    _check_target(problems, "module", m)
+    _check_target(problems, "module", m, None, read)
     for key, source in MODULE_FROM_RUN.items():
         if m.get(key) != f"${{{source}}}":
             problems.append(
                 f"module.{key} ({m.get(key, '<absent>')!r}) is set by the run itself from "
                 f"{source}: set that, and leave module.{key}: ${{{source}}}."
             )
-    _check_target(problems, "module.optimizer", m.get("optimizer"), TARGET_FROM_RUN)
+    _check_target(problems, "module.optimizer", m.get("optimizer"), TARGET_FROM_RUN, read)
     if m.get("scheduler") is not None:
-        _check_target(problems, "module.scheduler", m["scheduler"], TARGET_FROM_RUN)
+        _check_target(problems, "module.scheduler", m["scheduler"], TARGET_FROM_RUN, read)
     if m.get("advantage", "std") not in ADVANTAGE_MODES:
         problems.append(
             f"module.advantage ({m.get('advantage')!r}) must be one of {list(ADVANTAGE_MODES)}."
@@ -553,7 +520,8 @@ def _check_module(problems: list[str], m: dict) -> None:
             f"{list(OLD_LOGPROB_SOURCES)}: where the loss's old log-probs come from."
         )
     known = set(_arguments(LossConfig))
-    loss = {k: v for k, v in (m.get("loss") or {}).items() if k in known}
+    loss = m.get("loss") if isinstance(m.get("loss"), dict) else {}
+    loss = {k: v for k, v in loss.items() if k in known}
     if isinstance(loss.get("constant"), str):  # an interpolation, checked once resolved
         loss.pop("constant")
     try:
@@ -562,17 +530,26 @@ def _check_module(problems: list[str], m: dict) -> None:
         problems.append(f"module.loss: {err}")
     backend = m.get("backend")
     if backend is not None:
-        check_component(
-            problems, "module.backend", backend, BACKENDS, skip=("senior", "junior", "tokenizer")
-        )
+        skip = ("senior", "junior", "tokenizer")
+        read_backend = "module.backend" in read
+        check_component(problems, "module.backend", backend, BACKENDS, skip, read_backend)
 
 
 def _check_target(
-    problems: list[str], where: str, spec: Any, set_by: dict[str, str] | None = None
+    problems: list[str],
+    where: str,
+    spec: Any,
+    set_by: dict[str, str] | None = None,
+    read: set[str] = frozenset(),
 ) -> None:
     """The keys of a ``_target_`` mapping (the module, its optimizer and scheduler, the
-    trainer, a logger) against the signature of what it builds; ``set_by``: arguments the run
-    passes itself, each with what it passes."""
+    trainer, a logger) against the signature of what it builds, imported; ``set_by``:
+    arguments the run passes itself, each with what it passes; ``read``: the mappings the early
+    checks read already (``tandem.config_keys``)."""
+    if where in read:
+        if isinstance(spec, dict) and isinstance(spec.get("strategy"), dict):
+            _check_target(problems, f"{where}.strategy", spec["strategy"], None, read)
+        return
     if not isinstance(spec, dict) or "_target_" not in spec:
         problems.append(f"{where} must be a mapping with a `_target_` naming a class.")
         return
@@ -588,101 +565,7 @@ def _check_target(
     listed = f"the arguments of {spec['_target_']}"
     unknown_keys(problems, where, spec, known, set_by=set_by, listed=listed)
     if isinstance(spec.get("strategy"), dict):  # a strategy built from config (trainer=fsdp)
-        _check_target(problems, f"{where}.strategy", spec["strategy"])
-
-
-def _indexed(group: str, spec: Any) -> Iterable[tuple[str, Any]]:
-    if isinstance(spec, list):
-        return ((f"{group}.{i}", s) for i, s in enumerate(spec))
-    if isinstance(spec, dict) and "_target_" not in spec:
-        return ((f"{group}.{k}", s) for k, s in spec.items())
-    return [(group, spec)]
-
-
-def _check_model(problems: list[str], model: dict) -> None:
-    from tandem.modules.models import DTYPES, check_model_path
-
-    if model.get("dtype", "float32") not in DTYPES:
-        problems.append(
-            f"model.dtype ({model.get('dtype')!r}) must be one of {sorted(DTYPES)}: "
-            "float32 on CPU, bfloat16 on recent GPUs."
-        )
-    for key in ("name_or_path", "junior_name_or_path"):
-        value = model.get(key)
-        required = key == "name_or_path"
-        if (required or value is not None) and (msg := check_model_path(value, f"model.{key}")):
-            problems.append(msg)
-
-
-def cross_vocabulary_pair(problems: list[str], pair: dict[str, tuple[Any, str]]) -> bool:
-    """Whether the two models of ``pair`` (key -> (its value, the folder or hub name of its
-    tokenizer)) have vocabularies of their own; for such a pair, a problem for each tokenizer that
-    cannot split before a space. Only the tokenizers load (small files), never the models.
-
-    A tokenizer that does not load is a problem too, and the pair then counts as not crossed.
-    """
-    from tandem.engine.cross import same_vocabulary, split_problem
-    from tandem.modules.models import load_tokenizer
-
-    try:
-        tokenizers = {key: load_tokenizer(path) for key, (_, path) in pair.items()}
-    except Exception as err:  # a folder or hub name whose tokenizer does not load
-        names = " and ".join(repr(value) for value, _ in pair.values())
-        problems.append(f"{' and '.join(pair)}: the tokenizers of {names} do not load: {err}")
-        return False
-    if same_vocabulary(*tokenizers.values()):
-        return False
-    for key, tok in tokenizers.items():
-        if why := split_problem(tok):
-            problems.append(
-                f"{key} ({pair[key][0]!r}): its tokenizer cannot share words with a partner of "
-                f"another vocabulary: {why}. Handing words over as text needs both "
-                "pre-tokenizers to split before a space (byte-level BPE with a Qwen, GPT-2 or "
-                "Llama 3 pattern does). Pair it with a junior of its own tokenizer instead."
-            )
-    return True
-
-
-def check_pair(problems: list[str], c: dict) -> None:
-    """A junior with a tokenizer of its own (``tandem.engine.cross``): both tokenizers must
-    split before a space, and what needs one shared vocabulary is refused, each naming its key.
-
-    Only the tokenizers load here (small files), never the models.
-    """
-    from tandem.metrics.per_byte import cross_vocabulary_problem
-
-    model = c.get("model") or {}
-    senior, junior = model.get("name_or_path"), model.get("junior_name_or_path")
-    if junior is None or resolve(junior) == resolve(senior):
-        return
-    pair = {"model.name_or_path": (senior, senior), "model.junior_name_or_path": (junior, junior)}
-    if not cross_vocabulary_pair(problems, pair):
-        return
-    cross = "model.junior_name_or_path has a tokenizer of its own (a cross-vocabulary pair)"
-    # every sampler writes across vocabularies (the junior steps it over its own tables)
-    m = c.get("module") or {}
-    kl = (m.get("loss") or {}).get("kl_beta", 0.0)
-    if isinstance(kl, int | float) and kl > 0:
-        problems.append(
-            f"module.loss.kl_beta ({kl}): {cross}, so there is no junior log-prob of the "
-            "senior's tokens to take a per-token KL toward. Set module.loss.kl_beta=0."
-        )
-    backend = (m.get("backend") or {}).get("name", "torch")
-    if backend != "torch":
-        problems.append(
-            f"module.backend.name ({backend!r}): {cross}, which only the torch engine serves. "
-            "Set module.backend.name=torch."
-        )
-    for name, metric in (c.get("metrics") or {}).items():
-        if msg := cross_vocabulary_problem(f"metrics.{name}", metric):
-            problems.append(msg)
-    strategy = (c.get("trainer") or {}).get("strategy")
-    if isinstance(strategy, dict) and strategy.get("rollout_gather") == "per_layer":
-        problems.append(
-            f"trainer.strategy.rollout_gather ('per_layer'): {cross}, whose engine does not step "
-            "the processes in lockstep as a senior gathered layer by layer needs. Set "
-            "trainer.strategy.rollout_gather=whole."
-        )
+        _check_target(problems, f"{where}.strategy", spec["strategy"], None, read)
 
 
 def _resolved(cfg: DictConfig, key: str, fallback: Any) -> Any:
@@ -694,19 +577,26 @@ def _resolved(cfg: DictConfig, key: str, fallback: Any) -> Any:
         return fallback
 
 
-def _check_data(problems: list[str], data: Any) -> None:
+def _check_data(
+    problems: list[str], data: Any, read: bool = False, prompts: int | None = None
+) -> None:
+    """The data source's keys (unless ``read``), values and files; ``prompts``: a step's."""
     from tandem.data.checks import check_hf_source
 
+    if read and any(p.startswith(("data:", "data.")) for p in problems):
+        return  # its name or keys are wrong already
     cls = _registered(problems, "data", data, DATASETS)
     if cls is None:
         return
     known = {*_arguments(cls), *DATA_RUN_KEYS, "name"}
-    unknown_keys(problems, "data", data, known)
+    if not read:
+        unknown_keys(problems, "data", data, known)
     args = {k: v for k, v in data.items() if k in known and k not in (*DATA_RUN_KEYS, "name")}
     try:
         check_arguments(cls, args, where="data")
     except RegistryError as err:
-        problems.append(str(err))
+        if not read:
+            problems.append(str(err))
         return
     try:
         cls(**args)  # sources only store and check their arguments here; loading comes later
@@ -714,4 +604,7 @@ def _check_data(problems: list[str], data: Any) -> None:
         problems.append(f"data: {err}")
         return
     if data["name"] == "hf":
+        before = len(problems)
         check_hf_source(problems, "data", args)
+        if len(problems) == before:
+            check_hf_rows(problems, args, prompts)

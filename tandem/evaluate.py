@@ -199,6 +199,9 @@ def main(cfg: DictConfig) -> float | None:
 
 def cli() -> None:
     """``python -m tandem.evaluate``: a config problem is one message and exit status 2."""
+    from tandem.runs.quiet import quiet_libraries
+
+    quiet_libraries()
     run_command(main)
 
 

@@ -12,14 +12,15 @@ from pathlib import Path
 HEAVY = ("torch", "lightning", "transformers", "datasets")
 ROOT = Path(__file__).resolve().parents[1]
 # the module run as `python -m` would run it, then the heavy modules present at its exit
+# (at exit: the command ends the process itself once its atexit callbacks have run)
 CHILD = f"""
-import json, os, runpy, sys
-sys.argv = ["tandem.train", *sys.argv[1:]]
-try:
-    runpy.run_module("tandem.train", run_name="__main__", alter_sys=True)
-finally:
+import atexit, json, os, runpy, sys
+def report():
     print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]), file=sys.__stdout__)
     print(json.dumps(dict(os.environ)), file=sys.__stdout__)
+atexit.register(report)
+sys.argv = ["tandem.train", *sys.argv[1:]]
+runpy.run_module("tandem.train", run_name="__main__", alter_sys=True)
 """
 
 

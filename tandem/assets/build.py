@@ -307,7 +307,7 @@ def write_folder(
 ) -> None:
     """Write a built world's Hugging Face folder into ``out``, replacing it only once complete:
     the model with its sampling defaults, the tokenizer, ``build_info.json``, and ``extra``
-    models in subfolders by name."""
+    models in subfolders by name, each with the tokenizer."""
     model.generation_config = GenerationConfig(
         eos_token_id=[tokenizer.eos_token_id, tokenizer.pad_token_id],
         pad_token_id=tokenizer.pad_token_id,
@@ -326,6 +326,8 @@ def write_folder(
         for name, other in (extra or {}).items():
             other.generation_config = model.generation_config
             other.save_pretrained(staged / name)
+            # each a checkpoint of its own: loadable as a junior, it needs its tokenizer
+            tokenizer.save_pretrained(staged / name)
         (staged / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
         if out.exists():
             shutil.rmtree(out)

@@ -379,6 +379,10 @@ def _apply(op: str, a: int, k: int) -> int:
     return a // k
 
 
+# rows per split when a config names no sizes (read without imports by tandem.config)
+SIZES = {"train": 20000, "validation": 500, "test": 1000}
+
+
 def make_splits(
     seed: int = 0,
     sizes: dict[str, int] | None = None,
@@ -394,7 +398,7 @@ def make_splits(
         sizes: rows per split; defaults to train 20000, validation 500, test 1000.
         difficulty: the difficulty knob; defaults to ``Difficulty()``.
     """
-    sizes = dict(sizes or {"train": 20000, "validation": 500, "test": 1000})
+    sizes = dict(sizes or SIZES)
     difficulty = difficulty or Difficulty()
     rng = random.Random(seed)
     total = sum(sizes.values())

@@ -60,6 +60,30 @@ def check_hf_source(problems: list[str], key: str, spec: dict[str, Any]) -> None
         problems.append(msg)
 
 
+def training_rows(spec: dict[str, Any]) -> int | None:
+    """The rows of an ``hf`` source's training files, where they are local ``.jsonl`` files
+    (one row a non-blank line); None where only loading them could tell."""
+    files = spec.get("data_files")
+    if isinstance(files, dict):
+        files = files.get((spec.get("splits") or {"train": "train"}).get("train", "train"))
+    patterns = [files] if isinstance(files, str) else files
+    if not isinstance(patterns, list | tuple) or not patterns:
+        return None
+    paths = []
+    for pattern in patterns:
+        if not isinstance(pattern, str) or "://" in pattern:
+            return None
+        found = glob.glob(str(Path(pattern).expanduser()), recursive=True)
+        paths += [Path(f) for f in found] if glob.has_magic(pattern) else [Path(pattern)]
+    if not paths or any(p.suffix.lower() != ".jsonl" or not p.is_file() for p in paths):
+        return None
+    rows = 0
+    for path in paths:
+        with path.open("rb") as f:
+            rows += sum(1 for line in f if line.strip())
+    return rows
+
+
 def check_file(key: str, file: str) -> str | None:
     """Why the data file ``file`` (from ``key``) cannot be read as a data set, or None."""
     path = Path(file).expanduser()

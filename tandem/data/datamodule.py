@@ -199,7 +199,10 @@ class PromptDataModule(L.LightningDataModule):
             if split in self.splits:
                 continue
             loaded = True
-            rows, report = self.source.load(split)
+            try:
+                rows, report = self.source.load(split)
+            except (KeyError, ValueError) as err:  # a split the source lacks, a holdout too big
+                raise ConfigError(f"data ({split} split): {err}") from None
             log.info("data %s", report)
             if split == "validation" and self.val_size is not None:
                 rows = rows.select(range(min(self.val_size, len(rows))))
@@ -215,6 +218,12 @@ class PromptDataModule(L.LightningDataModule):
                 "answers": [answers[i] for i in keep],
                 "ids": ids,
             }
+            if split == "train" and len(keep) < self.batch_size:
+                raise ConfigError(
+                    f"batch_size / group_size ({self.batch_size} prompts a step) is more than "
+                    f"the {len(keep)} training prompts the data holds: one step would hold "
+                    "every prompt and repeat them. Lower batch_size, or give the run more data."
+                )
         # once, when the splits load: a run validates the base first, then fits (two setups)
         if loaded and self.trainer is not None:
             for logger in self.trainer.loggers:
@@ -234,7 +243,7 @@ class PromptDataModule(L.LightningDataModule):
         if dropped == total:
             raise ConfigError(
                 f"every {split} prompt ({total}) is longer than data.max_prompt_tokens ({cap} "
-                "tokens, chat template included): no {split} prompt is left. Raise "
+                f"tokens, chat template included): no {split} prompt is left. Raise "
                 "data.max_prompt_tokens (null: the model's context minus "
                 "generation.max_new_tokens), or lower generation.max_new_tokens."
             )

@@ -44,6 +44,7 @@ from tandem.engine.base import JUNIOR, PAD, SENIOR, SamplingParams, StopReason
 from tandem.engine.draw import coin_generator, draw, score
 from tandem.engine.layout import Prompts, decoded
 from tandem.engine.vocabulary import Vocabulary
+from tandem.runs.stop import stop_point
 from tandem.samplers.base import Sampler, State
 
 # Compact the batch once this fraction of its rows has finished (as the one-vocabulary loop).
@@ -125,6 +126,7 @@ class CrossLoop:
         """Step until every row has finished and both models have read all of it."""
         steps = 0
         while self.rows.numel():
+            stop_point()  # a signal stops the run here, between decode steps
             self._step()
             steps += 1
             if steps % _DROP_HIDDEN_EVERY == 0:

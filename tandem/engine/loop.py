@@ -49,6 +49,7 @@ from tandem.engine.draw import (
 )
 from tandem.engine.layout import Prompts
 from tandem.engine.reader import Reader, move
+from tandem.runs.stop import stop_point
 from tandem.samplers.base import Handoff, Sampler
 
 # Compact the batch once this fraction of its rows has finished.
@@ -118,6 +119,7 @@ class Loop:
         budgets = [p.budget(int(k)) for k in mask.sum(1).repeat_interleave(g)]
         budget = torch.tensor(budgets, device=home) if min(budgets) < p.max_new_tokens else None
         for t in range(p.max_new_tokens):
+            stop_point()  # a signal stops the run here, between decode steps
             if t > 0:
                 if self.lockstep is not None:
                     self.lockstep(1)  # this process still writes: the others step with it

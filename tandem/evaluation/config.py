@@ -14,13 +14,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from tandem.config import (
-    ConfigError,
-    check_component,
-    check_metrics,
-    check_sampler,
-    cross_vocabulary_pair,
-)
+from tandem.config import ConfigError, check_component, check_metrics, check_sampler
+from tandem.config_models import cross_vocabulary_pair
 from tandem.evaluation.models import is_checkpoint, senior_base
 from tandem.metrics.per_byte import cross_vocabulary_problem
 from tandem.modules.models import check_model_path

@@ -26,6 +26,9 @@ What this file leaves out: loading models and configs (``tandem.evaluate``) and 
 
 from __future__ import annotations
 
+import logging
+import sys
+import time
 from typing import Any
 
 import torch
@@ -51,6 +54,8 @@ from tandem.metrics.base import build_metrics, measure_rollouts, values
 from tandem.metrics.per_byte import JuniorBytesCrossEntropy, byte_table
 from tandem.registry import SAMPLERS
 from tandem.rewards import Verdict
+
+log = logging.getLogger(__name__)
 
 MODES = ("solo", "handoff")
 
@@ -137,11 +142,13 @@ class Evaluator:
         sampler = self.build_sampler(mode)
         n = eval_set.n
         per_call = max(1, self.batch_size // n)
+        pace = Pace(f"{eval_set.name} {mode}", len(problems), n, per_call, eval_set.max_new_tokens)
         bar = tqdm(
             total=len(problems) * n,
             desc=f"{eval_set.name} {mode}",
             unit="sample",
-            disable=not self.progress,
+            # on a terminal; into a file its redrawing is noise, and Pace says the same
+            disable=not self.progress or not sys.stderr.isatty(),
         )
         for b, lo in enumerate(range(0, len(problems), per_call)):
             idx = list(range(lo, min(lo + per_call, len(problems))))
@@ -171,7 +178,9 @@ class Evaluator:
                 records = build_records(rollouts, verdicts, context, self.tokenizer, extra)
                 self.writer.write(eval_set.name, records)
             bar.update(rollouts.num_rows)
+            pace.batch_done(b)
         bar.close()
+        pace.done()
         # pass@k, lengths and team stats are this pass's; drift and legibility keys are full
         table = {k: float(v) for k, v in values(metrics).items()}
         return {k if "/" in k else f"{mode}/{k}": v for k, v in table.items()}
@@ -299,3 +308,52 @@ class Evaluator:
         sizes = byte_table(self.junior_tokenizer, int(tokens.max()) + 1)[tokens]  # [N, T']
         metrics["legibility/junior_ce_per_byte"].update(lps, sizes, mask)
         return {"kl": kl}
+
+
+class Pace:
+    """What a sampling pass will do, said before it starts, and how long it will take, said
+    once its first batch has shown the pace; then a line a quarter of the way, and at the end.
+
+    Args:
+        name: the set and the pass (``tiny solo``).
+        problems, n, per_call: the problems, samples of each, problems per generate call.
+        max_new_tokens: the longest response.
+    """
+
+    def __init__(self, name: str, problems: int, n: int, per_call: int, max_new_tokens: int):
+        self.name, self.batches = name, -(-problems // per_call)
+        self.started = time.perf_counter()
+        self.quarters = 0
+        log.info(
+            "%s: %d problems x %d samples = %d rollouts of up to %d tokens, in %d batches",
+            name,
+            problems,
+            n,
+            problems * n,
+            max_new_tokens,
+            self.batches,
+        )
+
+    def batch_done(self, index: int) -> None:
+        """After batch ``index`` (0-based): the estimate after the first, quarters after."""
+        elapsed = time.perf_counter() - self.started
+        if index == 0 and self.batches > 1:
+            log.info(
+                "%s: the first batch took %.0f s: about %s for the pass",
+                self.name,
+                elapsed,
+                _duration(elapsed * self.batches),
+            )
+        quarter = 4 * (index + 1) // self.batches
+        if 0 < quarter < 4 and quarter > self.quarters:
+            self.quarters = quarter
+            left = elapsed / (index + 1) * (self.batches - index - 1)
+            done, later = _duration(elapsed), _duration(left)
+            log.info("%s: %d%% in %s, about %s left", self.name, 25 * quarter, done, later)
+
+    def done(self) -> None:
+        log.info("%s: done in %s", self.name, _duration(time.perf_counter() - self.started))
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"

@@ -128,9 +128,17 @@ def load_problems(eval_set: EvalSet, tokenizer: Any) -> Problems:
     spec = dict(eval_set.source)
     source = DATASETS.build(spec.pop("name"), **spec)
     rows, report = source.load(eval_set.split)
-    log.info("eval set %s: %s", eval_set.name, report)
-    if eval_set.limit is not None:
-        rows = rows.select(range(min(eval_set.limit, len(rows))))
+    if eval_set.limit is not None and eval_set.limit < len(rows):
+        log.info(
+            "eval set %s: %d problems (limit %d) of %s",
+            eval_set.name,
+            eval_set.limit,
+            eval_set.limit,
+            report,
+        )
+        rows = rows.select(range(eval_set.limit))
+    else:
+        log.info("eval set %s: %s", eval_set.name, report)
     problems, answers = list(rows["problem"]), list(rows["answer"])
     if not problems:
         raise ValueError(

@@ -1,7 +1,9 @@
 """A progress bar over optimizer steps (not epochs: the prompt stream is endless).
 
 It shows the step, the reward, its mean over the last steps (one batch's reward is too noisy to
-read a trend from) and the senior's token share; validation gets its own bar.
+read a trend from), the senior's token share and the last validation's accuracies, tandem and
+solo; validation gets its own bar. Only on a terminal: into a file or a pipe its redrawing
+would be escape codes, and the run's step lines (``tandem.runs.report``) say the same.
 What this file leaves out: what is logged (``tandem.modules.grpo``).
 """
 
@@ -43,6 +45,10 @@ class StepProgressBar(TQDMProgressBar):
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
         metrics = super().get_metrics(trainer, pl_module)
         metrics.pop("v_num", None)
+        # the senior alone beside the pair (the module shows the tandem accuracy in the bar)
+        solo = trainer.callback_metrics.get("val/solo/accuracy")
+        if solo is not None and "val/tandem/accuracy" in metrics:
+            metrics["val/solo/accuracy"] = f"{float(solo):.3f}"
         if "reward" in metrics and self.rewards:
             # the running mean beside the step's reward, where the eye reads it (here, so that
             # the bar keeps it when a validation redraws it)

@@ -30,6 +30,7 @@ from tandem.modules.logprobs import (
 )
 from tandem.modules.loss import LossConfig, LossWeights, grpo_loss
 from tandem.modules.sharding import gradient_sync
+from tandem.runs.stop import stop_point
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,7 @@ def accumulate(
     share_prompts = lays_out_rows(model)
     device = next(model.parameters()).device
     for k, (rows, share) in enumerate(parts):
+        stop_point()  # a signal stops the run here, between micro-batches
         packed = pack(batch.ids[rows], batch.mask[rows], batch.start, share_prompts)
         # the backward inside the block: a checkpointed layer's recomputation reads the rows
         # attention too. Gradients are reduced once a mini-batch, after its last micro-batch

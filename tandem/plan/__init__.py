@@ -115,6 +115,11 @@ def check_plan(
     from tandem.plan.report import refusal
 
     plan = make_plan(cfg, world_size, devices, host_bytes=host_bytes)
+    host_fits = plan.host is None or not plan.host.capacity or plan.host.fits
+    if plan.problems and host_fits and all(d.fits for d in plan.devices):
+        # every device holds its peak: what is refused is a setting of the layout (a KV budget
+        # smaller than one prompt's group, a device not given), which the problems name
+        raise PlanError(" ".join(plan.problems), plan)
     if not plan.fits:
         raise PlanError(refusal(plan), plan)
     return plan

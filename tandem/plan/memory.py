@@ -20,6 +20,10 @@ Phases (what is alive at the worst moment of each):
 - ``step``: AdamW's step (a float32 temporary of every parameter on a GPU, of the largest
   tensor on the CPU).
 
+In a CPU run the rollout's own tensors (``_host_tensors``: its tokens, authors and log-probs,
+then the update's ids, masks and old log-probs) are in the same memory and counted in every
+phase they live through: a batch of a million rows holds gigabytes of them beside the caches.
+
 The formulas of the forwards, backwards and rollouts are in ``tandem.plan.activations``, with
 what was measured of each; ``benchmarks/plan_memory.py`` holds them to real training steps.
 
@@ -340,7 +344,41 @@ def rank_terms(
         **_compute(s, "step"),
         ("senior", "step_temp"): act.step_temp(s, s.offloaded == "fsdp"),
     }
+    for phase, terms in _host_tensors(s).items():
+        if phase in phases:  # the no-grad passes are there only when configured
+            phases[phase].update(terms)
     return phases
+
+
+# the rollout's own tensors in a CPU run's memory (on GPUs they are small beside the KV caches
+# and not planned): per response token the token and its author (int64 each) and up to four
+# float32 log-probs (each model's raw one, and each at the loss's temperature), held once as
+# the passes write them and again while ``generate`` joins the passes into one ``Rollouts``
+ROLLOUT_BYTES_PER_TOKEN = 8 + 8 + 4 * 4
+ROLLOUT_COPIES = 2
+# and from the update's start to the step's end: each row's prompt and response ids and mask
+# (int64 each, per position) and, per response token, the loss's old and reference log-probs
+# (float32) and the two author masks (bool)
+UPDATE_BYTES_PER_POSITION = 8 + 8
+UPDATE_BYTES_PER_TOKEN = 4 + 4 + 1 + 1
+
+
+def _host_tensors(s: Settings) -> dict[str, dict[tuple[str, str], int]]:
+    """What a CPU run's rollout and update hold in its memory beside the models and caches,
+    by phase (nothing for a GPU run)."""
+    if s.accelerator == "gpu":
+        return {}
+    rows, new = s.rows_per_rank, s.max_new_tokens
+    rollout = rows * new * ROLLOUT_BYTES_PER_TOKEN
+    inputs = rows * (s.row_tokens * UPDATE_BYTES_PER_POSITION + new * UPDATE_BYTES_PER_TOKEN)
+    during = {("senior", "rollout_tensors"): rollout, ("senior", "update_inputs"): inputs}
+    return {
+        "rollout": {("senior", "rollout_tensors"): ROLLOUT_COPIES * rollout},
+        "old_logprobs": during,
+        "ref_logprobs": during,
+        "update": during,
+        "step": during,
+    }
 
 
 def _held(s: Settings, phase: str) -> dict[tuple[str, str], int]:

@@ -45,6 +45,8 @@ TERM_LABELS = {
     "host_runtime": "processes (Python, torch)",
     "senior_load": "senior read in float32",
     "junior_load": "junior read",
+    "rollout_tensors": "rollout tensors",
+    "update_inputs": "update inputs (ids, masks)",
 }
 
 

@@ -1,13 +1,14 @@
 """Checkpoints that cannot betray a resume: atomic writes, checksums, the newest that verifies.
 
-Every checkpoint goes through ``AtomicCheckpointIO``: it is written to ``<name>.tmp-<pid>``,
-hashed as it is written, flushed to disk, and renamed into place only after its checksum file
-(``<name>.sha256``, the format ``sha256sum -c`` reads) is. So a file under its final name is
-whole, and a file that no longer matches its checksum (truncated, overwritten) is named and
-skipped: ``newest_verified`` falls back to the checkpoint before it. A sharded run's distributed
-checkpoint is a folder, written the same way by ``tandem.modules.sharding.FSDP2Strategy``; its
-checksum file lists every file in it. ``StepCheckpoint`` keeps the
-newest K step checkpoints and also saves when a signal asks the run to stop.
+Every checkpoint goes through ``AtomicCheckpointIO`` (``tandem.runs.atomic``): it is written to
+``<name>.tmp-<pid>``, hashed as it is written, flushed to disk, and renamed into place only after
+its checksum file (``<name>.sha256``, the format ``sha256sum -c`` reads) is. So a file under its
+final name is whole, and a file that no longer matches its checksum (truncated, overwritten) is
+named and skipped: ``newest_verified`` falls back to the checkpoint before it. A sharded run's
+distributed checkpoint is a folder, written the same way by
+``tandem.modules.sharding.FSDP2Strategy``; its checksum file lists every file in it. Which step
+checkpoints are written and kept is ``tandem.runs.steps``. This file imports neither torch nor
+Lightning but to read a checkpoint's contents, so that a start checks its folder before they load.
 
 What this file leaves out: which checkpoint a start asks for (``tandem.train``) and the signal
 handling itself (``tandem.runs.signals``).
@@ -21,63 +22,19 @@ import logging
 import os
 import re
 import shutil
-import warnings
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
-import lightning as L
-import torch
-from lightning.fabric.utilities.load import _METADATA_FILENAME as METADATA
-from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.plugins.io import TorchCheckpointIO
-
-from tandem.runs import DiskFull, RunRefused
-from tandem.runs.faults import fault_point
-from tandem.runs.signals import StopOnSignal
+from tandem.runs import RunRefused
 
 log = logging.getLogger(__name__)
 
 STEP = re.compile(r"^step-(\d+)\.ckpt$")
+# what marks a sharded run's checkpoint folder: Lightning's ``_METADATA_FILENAME`` (named here
+# so that a start reads its checkpoints without importing Lightning; tests/runs/test_checkpoints
+# compares the two)
+METADATA = "meta.pt"
 TEMPORARY = re.compile(r"\.(tmp|old)-\d+$")
-# Lightning warns at every step checkpoint, with a code snippet that reads like a traceback,
-# that under manual optimization it holds the weights after that step's optimizer steps. That is
-# what a step checkpoint is here (the state the next step resumes from): StepCheckpoint silences
-# this one warning, and only where it saves
-MANUAL_OPTIMIZATION_WARNING = "Using ModelCheckpoint with manual optimization and every_n_train"
-
-
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """``TorchCheckpointIO`` that writes whole files or nothing, each with its sha256."""
-
-    def save_checkpoint(
-        self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any = None
-    ) -> None:
-        import torch
-
-        if storage_options is not None:
-            raise TypeError(f"{type(self).__name__} takes no storage_options")
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-        try:
-            with tmp.open("wb") as f:
-                writer = _HashingWriter(f)
-                torch.save(checkpoint, writer)
-                f.flush()
-                os.fsync(f.fileno())
-        except (OSError, RuntimeError) as err:  # torch's zip writer fails after the OSError
-            tmp.unlink(missing_ok=True)
-            if not out_of_space(err):
-                raise
-            raise DiskFull(disk_full_message(path.parent, _nbytes(checkpoint))) from None
-        fault_point("checkpoint", int(checkpoint.get("global_step", -1)))
-        _replace(path.with_name(path.name + ".sha256"), f"{writer.hexdigest()}  {path.name}\n")
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
-
-    def remove_checkpoint(self, path: str | os.PathLike) -> None:
-        super().remove_checkpoint(path)
-        Path(f"{path}.sha256").unlink(missing_ok=True)
 
 
 def out_of_space(err: BaseException | None) -> OSError | None:
@@ -92,28 +49,28 @@ def out_of_space(err: BaseException | None) -> OSError | None:
     return None
 
 
-def disk_full_message(folder: Path, needed: int | None) -> str:
-    """One line: where the disk filled, how much a write needs, what to do."""
+def disk_full_message(folder: Path, needed: int | None, ckpt_dir: Path | None = None) -> str:
+    """One line: where the disk filled, how much a write needs, what is on disk, what to do.
+    ``ckpt_dir``: the run's checkpoint folder (None: ``folder`` is it). Measure after what the
+    failed write left is removed, or the free space it still holds is counted as used."""
+    ckpt_dir = Path(folder) if ckpt_dir is None else Path(ckpt_dir)
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
     free = shutil.disk_usage(folder).free
     need = f"a checkpoint needs about {needed / 2**20:,.0f} MiB" if needed else "it needs more"
+    saved = sorted(step_checkpoints(ckpt_dir), key=lambda p: int(STEP.match(p.name)[1]))
+    if saved:
+        names = ", ".join(p.name for p in saved)
+        held = f"The step checkpoints written before are whole ({names}): free some space"
+        resume = "resume with ckpt_path=last"
+    else:
+        held = "No step checkpoint had been written yet: free some space"
+        resume = "start again (ckpt_path=last starts afresh in the same folder)"
     return (
         f"no space left on the device of {folder}: {free / 2**20:,.0f} MiB free, {need}. "
-        "The checkpoints written before are intact: free some space (or lower "
-        "keep_checkpoints) and resume with ckpt_path=last."
+        f"{held} (or lower keep_checkpoints: the oldest then go before a new one is written) "
+        f"and {resume}."
     )
-
-
-def _nbytes(value: Any) -> int:
-    """The bytes of the tensors in a checkpoint's nested dicts and lists."""
-    if isinstance(value, torch.Tensor):
-        return value.nelement() * value.element_size()
-    if isinstance(value, dict):
-        return sum(_nbytes(v) for v in value.values())
-    if isinstance(value, list | tuple):
-        return sum(_nbytes(v) for v in value)
-    return 0
 
 
 def verify(path: str | Path) -> str | None:
@@ -229,70 +186,6 @@ def clean_temporaries(*folders: str | Path) -> list[Path]:
     return removed
 
 
-class StepCheckpoint(ModelCheckpoint):
-    """The newest ``keep`` checkpoints every ``every_n_train_steps``, and one more at the step
-    where a signal stops the run (whatever the interval), so that no finished step is lost.
-
-    Args:
-        dirpath: the run's checkpoint folder.
-        every_n_train_steps: the interval in training steps (batches of rollouts).
-        keep: how many step checkpoints to keep (the newest).
-        stop: the run's signal handler; it decides at each step's end whether the run stops.
-    """
-
-    def __init__(
-        self, dirpath: str | Path, every_n_train_steps: int, keep: int, stop: StopOnSignal
-    ) -> None:
-        super().__init__(
-            dirpath=dirpath,
-            filename="step-{step}",
-            # "step" is always among the monitor candidates: the top `keep` by step are the newest
-            monitor="step",
-            mode="max",
-            save_top_k=keep,
-            save_last="link",
-            every_n_train_steps=every_n_train_steps,
-            auto_insert_metric_name=False,
-            # a step re-saved after a fall back replaces the bad file, not step-N-v1.ckpt
-            enable_version_counter=False,
-        )
-        self.stop = stop
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        super().load_state_dict(state_dict)
-        # the state was saved before its own checkpoint joined the newest `keep`: without the
-        # files on disk, the one resumed from would never be deleted, one more at each resume
-        found = {
-            str(p): torch.tensor(float(STEP.match(p.name)[1]))
-            for p in step_checkpoints(self.dirpath)
-        }
-        if found:
-            self.best_k_models = found
-            self.kth_best_model_path = min(found, key=lambda k: float(found[k]))
-            self.kth_value = found[self.kth_best_model_path]
-            self.best_model_path = max(found, key=lambda k: float(found[k]))
-            self.best_model_score = found[self.best_model_path]
-
-    def _should_remove_checkpoint(self, trainer: L.Trainer, previous: str, current: str) -> bool:
-        # Lightning never deletes the file a run resumed from; a step checkpoint of this run's
-        # own folder falls out of the newest `keep` like any other (it was read in full at
-        # the start, and a newer one is whole on disk before an older one goes)
-        own = Path(previous).parent.absolute() == Path(self.dirpath).absolute()
-        if own and STEP.match(Path(previous).name) and previous != current:
-            return True
-        return super()._should_remove_checkpoint(trainer, previous, current)
-
-    def on_train_batch_end(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", MANUAL_OPTIMIZATION_WARNING, UserWarning)
-            super().on_train_batch_end(trainer, *args, **kwargs)
-        # StopOnSignal is an ordinary callback, so Lightning ran it before this one
-        if self.stop.stopping and self._last_global_step_saved != trainer.global_step:
-            candidates = self._monitor_candidates(trainer)
-            self._save_topk_checkpoint(trainer, candidates)
-            self._save_last_checkpoint(trainer, candidates)
-
-
 def sha256_file(path: str | Path, chunk: int = 1 << 24) -> str:
     """Hex sha256 of a file, read in chunks (checkpoints can be larger than memory)."""
     h = hashlib.sha256()
@@ -300,24 +193,6 @@ def sha256_file(path: str | Path, chunk: int = 1 << 24) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
-
-
-class _HashingWriter:
-    """A write-only file that hashes what passes through (saves reading a checkpoint back)."""
-
-    def __init__(self, f: BinaryIO) -> None:
-        self._f = f
-        self._h = hashlib.sha256()
-
-    def write(self, data: bytes) -> int:
-        self._h.update(data)
-        return self._f.write(data)
-
-    def flush(self) -> None:
-        self._f.flush()
-
-    def hexdigest(self) -> str:
-        return self._h.hexdigest()
 
 
 def _replace(path: Path, text: str) -> None:

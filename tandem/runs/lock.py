@@ -55,7 +55,8 @@ def hold_folder(cfg: DictConfig) -> Iterator[None]:
 def discard_unused(folder: str | Path) -> bool:
     """Remove ``folder`` if it holds nothing of a run, as a refused start leaves it: no record,
     no checkpoint, no log line; only empty ``*.log`` files (Hydra opens ``train.log`` before
-    the run starts) and the lock file. Returns whether it was removed.
+    the run starts) and the lock file. A sweep's folder left holding only Hydra's
+    ``multirun.yaml`` goes with it. Returns whether ``folder`` was removed.
 
     A folder another process holds, or one with anything else in it, is left as it is.
     """
@@ -86,6 +87,11 @@ def discard_unused(folder: str | Path) -> bool:
         folder.rmdir()
     except OSError:
         return False
+    # a sweep's folder that holds nothing but Hydra's record of it: no job of it ran
+    sweep = folder.parent
+    if [e.name for e in sweep.iterdir()] == ["multirun.yaml"]:
+        (sweep / "multirun.yaml").unlink()
+        sweep.rmdir()
     return True
 
 
@@ -111,7 +117,7 @@ class RunLock:
         except Timeout:
             raise RunRefused(self._held_message()) from None
         previous = read_owner(self.folder)
-        if previous and _alive(previous):
+        if previous and is_alive(previous):
             # only where the OS lock is not shared (some network file systems): trust the record
             lock.release()
             raise RunRefused(self._held_message())
@@ -174,7 +180,7 @@ def _me() -> dict[str, Any]:
     }
 
 
-def _alive(owner: dict[str, Any]) -> bool:
+def is_alive(owner: dict[str, Any]) -> bool:
     """Whether the recorded holder still runs; another host's PID cannot be checked (False)."""
     if owner.get("host") != socket.gethostname() or owner.get("pid") == os.getpid():
         return False

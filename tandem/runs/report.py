@@ -2,10 +2,11 @@
 
 ``RunReport`` is a callback of the launching process: every ``trainer.log_every_n_steps`` steps
 it writes one line of the step's metrics to ``train.log`` (with the mean reward of the last
-steps, which one batch's reward is too noisy to show), and every validation one line with its
-accuracies, which it also appends to ``validation.jsonl`` in the run folder, so that a resumed
-run still knows the base's figure. ``closing_summary`` is what ``tandem.train`` prints at the
-end: the base against the final validation accuracy, where the run's outputs are, what to run
+steps, which one batch's reward is too noisy to show), every ``CONSOLE_EVERY`` steps the same
+line to the console, and every validation one line with its accuracies (the console and
+``train.log``), which it also appends to ``validation.jsonl`` in the run folder, so that a
+resumed run still knows the base's figure. ``closing_summary`` is what ``tandem.train`` prints
+at the end: the base against the final validation accuracy, where the run's outputs are, what to run
 next. ``run_label`` names a run by its folder, for Aim and the evaluation's tables;
 ``aim_arguments`` and ``link_aim_run`` give a run's Aim run that name and its folder, and let a
 resumed run continue the Aim run it started (its hash is kept in ``aim_run.json``).
@@ -25,12 +26,15 @@ from typing import Any
 
 import lightning as L
 
+from tandem.runs.start import AIM_RUN
+
 log = logging.getLogger(__name__)
 
 RECORD = "validation.jsonl"
-AIM_RUN = "aim_run.json"
 # how many steps the reward's running mean covers
 WINDOW = 10
+# a step's line reaches the console every this many steps (train.log: every log_every_n_steps)
+CONSOLE_EVERY = 10
 # the training metrics of a step's line, short name -> logged key
 STEP_KEYS = {
     "reward": "train/reward",
@@ -45,36 +49,41 @@ PASSES = {"tandem": "senior + junior", "solo": "senior alone"}
 
 
 class RunReport(L.Callback):
-    """Metrics in ``train.log`` and a record of every validation (rank 0 only).
+    """Metrics in ``train.log`` and on the console, and a record of every validation (rank 0).
+
+    Every ``trainer.log_every_n_steps`` steps a line of the step's metrics goes to
+    ``train.log``; every ``CONSOLE_EVERY`` steps, and at the last, the same line goes to the
+    console too (above the progress bar where there is one).
 
     Args:
         folder: the run's folder (``validation.jsonl`` goes there).
-        to_console: also show the step lines on the console (no progress bar to show them).
     """
 
-    def __init__(self, folder: str | Path, to_console: bool = False) -> None:
+    def __init__(self, folder: str | Path) -> None:
         self.folder = Path(folder)
         self.rewards: deque[float] = deque(maxlen=WINDOW)
+        # train.log alone (the lines the console also gets go through the root logger, once)
         self.steps = logging.getLogger("tandem.steps")
-        if not to_console:
-            # train.log only: under a progress bar a line per step would bury it
-            files = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
-            self.steps.handlers = files
-            self.steps.propagate = not files
+        files = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+        self.steps.handlers = files
+        self.steps.propagate = not files
 
     def on_train_batch_end(self, trainer: L.Trainer, *_: Any) -> None:
         metrics = _floats(trainer.callback_metrics)
         if "train/reward" in metrics:
             self.rewards.append(metrics["train/reward"])
+        step = trainer.global_step
         every = max(1, int(trainer.log_every_n_steps or 1))
-        if trainer.global_rank != 0 or trainer.global_step % every:
+        last = 0 < trainer.max_steps <= step
+        console = step % CONSOLE_EVERY == 0 or last
+        if trainer.global_rank != 0 or (step % every and not console):
             return
         shown = [f"{name} {metrics[k]:.3g}" for name, k in STEP_KEYS.items() if k in metrics]
         if self.rewards:
             mean = sum(self.rewards) / len(self.rewards)
             shown.insert(1, f"reward over the last {len(self.rewards)} steps {mean:.3f}")
         total = f"/{trainer.max_steps}" if trainer.max_steps and trainer.max_steps > 0 else ""
-        self.steps.info("step %d%s: %s", trainer.global_step, total, ", ".join(shown))
+        (log if console else self.steps).info("step %d%s: %s", step, total, ", ".join(shown))
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.global_rank != 0 or trainer.sanity_checking:
@@ -91,6 +100,27 @@ class RunReport(L.Callback):
             f.write(json.dumps(entry) + "\n")
         shown = ", ".join(f"{p} ({PASSES[p]}) {a:.3f}" for p, a in accuracy.items())
         log.info("validation at step %d: accuracy %s", trainer.global_step, shown)
+
+
+class LoggedStep(L.Callback):
+    """Every metric logged at the training step it belongs to, as the run's own lines count
+    steps: a training step's metrics at its number (1 for the first), a validation's at the
+    steps done before it (0 for the base's).
+
+    Lightning would log a training step's metrics at the number of steps done before it and an
+    interval's validation one step early, so the CSV and Aim put the validation of step 20 at
+    19; a logged ``step`` is what Lightning's loggers take as the step instead.
+    """
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *_: Any) -> None:
+        step = float(trainer.global_step)
+        pl_module.log("step", step, on_step=True, on_epoch=False, batch_size=1)
+
+    def on_validation_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, *_: Any, **__: Any
+    ) -> None:
+        step = float(trainer.global_step)
+        pl_module.log("step", step, on_step=False, on_epoch=True, batch_size=1)
 
 
 def validations(folder: str | Path) -> list[dict[str, Any]]:
@@ -119,7 +149,7 @@ def closing_summary(folder: str | Path, cfg: Any, step: int, evaluate_hint: str)
     if records:
         first, last = records[0], records[-1]
         lines.append(
-            f"validation accuracy ({size} held-out prompts, {how}): "
+            f"validation accuracy ({size} prompts of the validation split, {how}): "
             f"step {first['step']}{' (the base)' if first['step'] == 0 else ''} -> "
             f"step {last['step']}"
         )
@@ -141,11 +171,19 @@ def closing_summary(folder: str | Path, cfg: Any, step: int, evaluate_hint: str)
 
 def run_label(folder: str | Path) -> str:
     """A run's name from its folder: ``outputs/<run>`` -> ``<run>``, a job of a sweep
-    (``multirun/<sweep>/<n>``, beside Hydra's ``multirun.yaml``) -> ``<sweep>/<n>``."""
+    (``multirun/<sweep>/<job>``, beside Hydra's ``multirun.yaml``) -> ``<sweep>/<job>``, where a
+    job's folder that is only its number (``0``, ``1``) is named by the overrides Hydra recorded
+    for it (``<sweep>/sampler=word,sampler.p=0.25``), as the notebook names it."""
     folder = Path(folder).expanduser().absolute()
-    if (folder.parent / "multirun.yaml").is_file():
-        return f"{folder.parent.name}/{folder.name}"
-    return folder.name
+    if not (folder.parent / "multirun.yaml").is_file():
+        return folder.name
+    job = folder.name
+    overrides = folder / ".hydra" / "overrides.yaml"
+    if job.isdigit() and overrides.is_file():
+        items = [line[2:].strip() for line in overrides.read_text().splitlines()]
+        items = [i for i in items if i and not i.startswith(("hydra.", "output_dir="))]
+        job = ",".join(items) or job
+    return f"{folder.parent.name}/{job}"
 
 
 def _is_aim(spec: Any) -> bool:

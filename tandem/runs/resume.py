@@ -21,12 +21,14 @@ import logging
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 
 from tandem.runs import RunRefused
+
+if TYPE_CHECKING:  # a start compares configs before torch loads
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -197,6 +199,8 @@ def _stepped(
     steps: int,
 ) -> torch.optim.Optimizer:
     """A configured optimizer over a stand-in parameter, its scheduler stepped ``steps`` times."""
+    import torch
+
     opt = make_optimizer([torch.nn.Parameter(torch.zeros(1))])
     if make_scheduler is not None:
         sched = make_scheduler(opt)

@@ -1,50 +1,75 @@
-"""SIGTERM and SIGINT stop a training run at the next step boundary, after a checkpoint.
+"""SIGTERM and SIGINT stop a training run within seconds, in any phase, and leave it resumable.
 
-The first signal only raises a flag; at the end of the step under way the ranks agree on it,
-the step's checkpoint is saved (``StepCheckpoint``) and the trainer stops, and ``tandem.train``
-exits with status 128 + the signal (143 for SIGTERM, 130 for SIGINT), as a shell reports a
-process a signal ended. A second signal ends the process at once (a checkpoint being written
-then is left as a temporary file, which the next start removes).
+The first signal raises the flag of ``tandem.runs.stop``. Inside a step (the rollout's decode
+steps, the update's micro-batches, a validation's batches, the base's validation before the
+first step included) the next stop point unwinds the step under way: its work is discarded, the
+newest step checkpoint stays as it is, and ``tandem.train`` exits with 128 + the signal (143 for
+SIGTERM, 130 for SIGINT), naming the checkpoint a resume starts from and printing the command.
+A flag that comes up after a step's last stop point is honoured at the step's end instead: the
+ranks agree on it, the step's checkpoint is saved (``StepCheckpoint``) and the trainer stops.
+A second signal ends the process at once (a checkpoint being written then is left as a temporary
+file, which the next start removes).
 
-Lightning's own SIGTERM handling stops without saving and exits 0, and a SIGINT there raises
-``KeyboardInterrupt`` wherever the code happens to be; this callback replaces both for the
-training loop, and Lightning restores the handlers from before ``fit`` when it ends.
+Lightning's own SIGTERM handling stops without saving and exits 0 (a scheduler would record
+success), and a SIGINT there raises ``KeyboardInterrupt`` wherever the code happens to be and
+exits 1; this callback's handlers replace both from before the first trainer call to the end of
+the run. Like Lightning's, a SIGTERM is passed on to the ranks a launcher started.
 
-What this file leaves out: the checkpoint it asks for (``tandem.runs.checkpoints``).
+What this file leaves out: the flag itself (``tandem.runs.stop``) and the checkpoint a stop at a
+step's end asks for (``tandem.runs.steps``).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sys
-import threading
-from types import FrameType
 from typing import Any, TextIO
 
 import lightning as L
 
-log = logging.getLogger(__name__)
+from tandem.runs import stop
+from tandem.runs.stop import stop_point
 
-SIGNALS = (signal.SIGTERM, signal.SIGINT)
+log = logging.getLogger(__name__)
 
 
 class StopOnSignal(L.Callback):
-    """Turn SIGTERM / SIGINT into a stop at the next step boundary; a second signal kills."""
+    """Keep SIGTERM / SIGINT on ``tandem.runs.stop``'s handlers through every trainer call,
+    stop at the stop points of validation, and at a step's end, after its checkpoint, where the
+    flag came up after the step's last stop point."""
 
     def __init__(self) -> None:
-        self.signum: int | None = None  # the first signal this process received
         self.stopping = False  # the ranks agreed to stop at this step's end
+        self.where = "the start, before the first step"  # what a stop would interrupt
+
+    @property
+    def signum(self) -> int | None:
+        """The first signal this process received, or None."""
+        return stop.requested()
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        stop.forward_to(trainer.strategy.launcher)
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        stop.install()  # after the trainer put its own SIGTERM handler in
+        if trainer.state.fn == "validate" and trainer.global_step == 0:
+            self.where = "the validation of the starting model, before the first step"
+        else:
+            self.where = f"the validation at step {trainer.global_step}"
+
+    def on_validation_batch_start(self, *args: Any, **kwargs: Any) -> None:
+        stop_point()
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # here, after Lightning installed its handlers in fit (it restores the earlier ones)
-        if threading.current_thread() is threading.main_thread():
-            for signum in SIGNALS:
-                signal.signal(signum, self._handle)
+        stop.install()  # after the trainer put its own SIGTERM handler in
         # before the progress bar opens its stream: a reader that went away (Ctrl-C under
         # `| tee log` ends tee too) must not stop the checkpoint the signal asked for
         sys.stdout, sys.stderr = Unbroken.wrap(sys.stdout), Unbroken.wrap(sys.stderr)
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
+        self.where = f"step {trainer.global_step + 1}"
+        stop_point()
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
         # a collective: every rank stops at the same step even if only one was signalled
@@ -59,18 +84,6 @@ class StopOnSignal(L.Callback):
                 trainer.global_step,
                 signal.Signals(self.signum or signal.SIGTERM).name,
             )
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.signum is not None:
-            # the second signal: no more waiting (the default action ends the process)
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-            return
-        self.signum = signum
-        log.warning(
-            "%s: finishing this step and saving a checkpoint; send it again to stop at once",
-            signal.Signals(signum).name,
-        )
 
     @property
     def exit_code(self) -> int:
@@ -88,7 +101,11 @@ class Unbroken:
 
     @classmethod
     def wrap(cls, stream: TextIO) -> TextIO:
-        return stream if isinstance(stream, cls) or stream is None else cls(stream)
+        """``stream`` wrapped, unless it is a terminal (whose reader cannot go away while the
+        run writes; the progress bar and the lines written above it must share one stream)."""
+        if stream is None or isinstance(stream, cls) or stream.isatty():
+            return stream
+        return cls(stream)
 
     def write(self, text: str) -> int:
         if not self.broken:

@@ -12,7 +12,9 @@ What this file leaves out: building and fitting the run (``tandem.train``).
 
 from __future__ import annotations
 
+import json
 import logging
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -21,15 +23,17 @@ from omegaconf import DictConfig, OmegaConf
 from tandem.provenance import record_start
 from tandem.runs import RunRefused
 from tandem.runs.checkpoints import (
+    STEP,
     clean_temporaries,
     newest_verified,
     read_checkpoint,
     step_checkpoints,
     verify,
 )
-from tandem.runs.lock import is_launcher
+from tandem.runs.lock import LOCK, OWNER, is_alive, is_launcher, read_owner
 from tandem.runs.resume import (
     CHOICES,
+    STARTS,
     changes,
     check_resume,
     check_step_unit,
@@ -39,6 +43,9 @@ from tandem.runs.resume import (
 )
 
 log = logging.getLogger(__name__)
+
+# the run's Aim run, by hash and repository (written by tandem.runs.report.link_aim_run)
+AIM_RUN = "aim_run.json"
 
 
 def begin(cfg: DictConfig, **record: Any) -> str | None:
@@ -147,3 +154,72 @@ def write_hydra_record(cfg: DictConfig, out: Path) -> None:
     OmegaConf.save(cfg, folder / "config.yaml")
     OmegaConf.save(OmegaConf.create({"hydra": hydra_cfg}), folder / "hydra.yaml")
     OmegaConf.save(hydra_cfg.overrides.task, folder / "overrides.yaml")
+
+
+def undo_start(folder: str | Path) -> None:
+    """Take back what a start that is refused after its records were written left behind (a
+    data problem found as the data loads, arguments a constructor refuses): a study must not
+    list it as an unfinished run.
+
+    A first start of which nothing came (no step checkpoint, no export) leaves nothing of its
+    folder but the lock it still holds (which the caller's ``discard_unused`` removes with the
+    folder), and its Aim run is deleted; a later start leaves only its own start record.
+    """
+    out = Path(folder)
+    number, _ = previous_config(out)
+    if number == 0:
+        return
+    if number > 1 or step_checkpoints(out / "checkpoints") or (out / "senior").exists():
+        (out / STARTS / f"start-{number}.yaml").unlink(missing_ok=True)
+        forget_last_start(out)
+        return
+    _delete_aim_run(out)
+    for entry in out.iterdir():
+        if entry.name not in (LOCK, OWNER):
+            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+
+
+def forget_last_start(out: Path) -> None:
+    """Drop the newest entry of ``run_info.json`` (``tandem.provenance.record_start``'s)."""
+    path = out / "run_info.json"
+    try:
+        info = json.loads(path.read_text())
+        info["starts"].pop()
+    except (OSError, ValueError, KeyError, IndexError):
+        return
+    path.write_text(json.dumps(info, indent=2) + "\n")
+
+
+def _delete_aim_run(out: Path) -> None:
+    """Delete the Aim run a refused first start made (``aim_run.json`` names it), if any."""
+    try:
+        record = json.loads((out / AIM_RUN).read_text())
+    except (OSError, ValueError):
+        return
+    try:
+        from aim import Repo
+
+        Repo.from_path(record["repo"]).delete_run(record["hash"])
+    except Exception as err:  # Aim's errors have no common base; the run is only left behind
+        log.warning("could not delete the Aim run %s of a refused start: %s", record, err)
+
+
+def interrupted_beside(folder: str | Path) -> tuple[str, int] | None:
+    """The newest other run in ``folder``'s parent that was stopped before it finished (a step
+    checkpoint, no exported senior, no process holding it): its name and newest checkpoint's
+    step; None when there is none."""
+    out = Path(folder).absolute()
+    found = []
+    for other in out.parent.iterdir() if out.parent.is_dir() else ():
+        if other == out or not (other / STARTS).is_dir() or (other / "senior").exists():
+            continue
+        owner = read_owner(other)
+        if owner is not None and is_alive(owner):
+            continue  # running now
+        steps = [int(STEP.match(p.name)[1]) for p in step_checkpoints(other / "checkpoints")]
+        if steps:  # stopped before its first checkpoint: nothing to resume from
+            found.append((other.stat().st_mtime, other.name, max(steps)))
+    if not found:
+        return None
+    _, name, step = max(found)
+    return name, step

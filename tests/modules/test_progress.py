@@ -1,4 +1,5 @@
-"""The progress bar shows the reward's running mean beside the step's own, and keeps it."""
+"""The progress bar shows the reward's running mean beside the step's own, and keeps it, and the
+last validation's solo accuracy beside its tandem one."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ def test_the_bar_shows_the_rewards_running_mean_and_keeps_it_after_a_validation(
     monkeypatch.setattr(TQDMProgressBar, "get_metrics", shown)
     bar = StepProgressBar()
     bar.train_progress_bar = tqdm(disable=True)
-    trainer = SimpleNamespace(global_step=0, progress_bar_metrics={})
+    trainer = SimpleNamespace(global_step=0, progress_bar_metrics={}, callback_metrics={})
     for step, reward in enumerate([0.0, 1.0, 0.5] + [0.25] * WINDOW, start=1):
         trainer.global_step, trainer.progress_bar_metrics = step, {"reward": reward, "senior": 0.5}
         bar.on_train_batch_end(trainer, None)
@@ -27,4 +28,6 @@ def test_the_bar_shows_the_rewards_running_mean_and_keeps_it_after_a_validation(
                                                       "senior": 0.5}  # fmt: skip
     # the last WINDOW steps only; a validation's redraw reads get_metrics too
     trainer.progress_bar_metrics["val/tandem/accuracy"] = 0.4
-    assert bar.get_metrics(trainer, None)[f"mean{WINDOW}"] == "0.250"
+    trainer.callback_metrics["val/solo/accuracy"] = 0.3
+    shown = bar.get_metrics(trainer, None)
+    assert shown[f"mean{WINDOW}"] == "0.250" and shown["val/solo/accuracy"] == "0.300"

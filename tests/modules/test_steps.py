@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tandem.runs import RunRefused
-from tandem.runs.checkpoints import AtomicCheckpointIO
+from tandem.runs.atomic import AtomicCheckpointIO
 from tandem.train import run
 from tests.modules.test_train import config, metrics_rows
 
@@ -25,8 +25,8 @@ def test_max_steps_counts_batches_of_rollouts(tmp_path: Path) -> None:
         )
     )
     rows = [r for r in metrics_rows(tmp_path) if r.get("train/reward")]
-    # one logged row per batch of rollouts sampled, at steps 0 and 1
-    assert [int(r["step"]) for r in rows] == [0, 1]
+    # one logged row per batch of rollouts sampled, at the steps the run's lines give: 1 and 2
+    assert [int(r["step"]) for r in rows] == [1, 2]
     assert [float(r["train/optimizer_steps"]) for r in rows] == [2.0, 4.0]
     ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
     assert ckpt["global_step"] == 2

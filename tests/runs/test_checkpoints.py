@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from tandem.runs import RunRefused
+from tandem.runs.atomic import AtomicCheckpointIO
 from tandem.runs.checkpoints import (
-    AtomicCheckpointIO,
     clean_temporaries,
     newest_verified,
     verify,
@@ -75,19 +75,28 @@ def test_only_lightnings_manual_optimization_snippet_is_silenced(monkeypatch) ->
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.utilities import rank_zero_warn
 
-    from tandem.runs import checkpoints
+    from tandem.runs import steps
     from tandem.runs.signals import StopOnSignal
 
     def warn_twice(self, trainer, *args, **kwargs) -> None:  # what Lightning's hook warns
-        rank_zero_warn(checkpoints.MANUAL_OPTIMIZATION_WARNING + "_steps, but no pre-optimization")
+        rank_zero_warn(steps.MANUAL_OPTIMIZATION_WARNING + "_steps, but no pre-optimization")
         rank_zero_warn("Using ModelCheckpoint with something else", category=UserWarning)
 
     monkeypatch.setattr(ModelCheckpoint, "on_train_batch_end", warn_twice)
-    step = checkpoints.StepCheckpoint("unused", 5, 2, StopOnSignal())
+    step = steps.StepCheckpoint("unused", 5, 2, StopOnSignal())
 
     class Trainer:
         global_step = 0
+        max_steps = 10
 
     with pytest.warns(UserWarning) as caught:
         step.on_train_batch_end(Trainer(), None, None, None, 0)
     assert [str(w.message) for w in caught] == ["Using ModelCheckpoint with something else"]
+
+
+def test_the_sharded_checkpoint_marker_is_lightnings() -> None:
+    from lightning.fabric.utilities.load import _METADATA_FILENAME
+
+    from tandem.runs.checkpoints import METADATA
+
+    assert METADATA == _METADATA_FILENAME

@@ -1,5 +1,6 @@
-"""A resume finds its own checkpoints: the end of a run shorter than the checkpoint interval, and
-the newest ``keep_checkpoints`` across resumes (the one resumed from is not kept forever)."""
+"""A resume finds its own checkpoints: the last step of a run shorter than the checkpoint
+interval, and the newest ``keep_checkpoints`` across resumes (the one resumed from is not kept
+forever)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,13 @@ from tandem.train import run
 from tests.modules.test_train import config
 
 
-def test_a_run_shorter_than_its_checkpoint_interval_resumes_from_its_end(tmp_path: Path) -> None:
-    # no step checkpoint at 3 steps of 5: the run's end is in last.ckpt alone, with its checksum
+def test_a_run_shorter_than_its_checkpoint_interval_keeps_its_last_step(tmp_path: Path) -> None:
+    # 3 steps of an interval of 5: the run's last step is saved whatever the interval
     run(config(tmp_path, "trainer.max_steps=3", "checkpoint_every_n_steps=5"))
+    saved = sorted(p.name for p in (tmp_path / "checkpoints").glob("step-*.ckpt"))
+    assert saved == ["step-3.ckpt"]
     last = tmp_path / "checkpoints" / "last.ckpt"
-    assert last.is_file() and not last.is_symlink()
-    assert Path(f"{last}.sha256").is_file()
+    assert last.resolve().name == "step-3.ckpt"
     run(config(tmp_path, "trainer.max_steps=4", "checkpoint_every_n_steps=5", "ckpt_path=last"))
     state = torch.load(last, weights_only=False)
     assert state["global_step"] == 4

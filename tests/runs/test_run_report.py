@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from tandem.runs.report import RECORD, closing_summary, run_label, validations
 from tandem.train import run
-from tests.modules.test_train import config
+from tests.modules.test_train import config, metrics_rows
 
 
 def _cfg(logger: str = "csv"):
@@ -29,9 +29,8 @@ def test_the_summary_sets_the_base_against_the_final_senior(tmp_path: Path) -> N
     ]
     (tmp_path / RECORD).write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"step": 6')
     text = closing_summary(tmp_path, _cfg("aim"), 60, "python -m tandem.evaluate senior=X")
-    assert "validation accuracy (200 held-out prompts, greedy): step 0 (the base) -> step 60" in (
-        text
-    )
+    first = "validation accuracy (200 prompts of the validation split, greedy): step 0 (the base)"
+    assert f"{first} -> step 60" in text
     assert "tandem (senior + junior): 0.354 -> 0.492 (+0.138)" in text
     assert "solo   (senior alone): 0.360 -> 0.500 (+0.140)" in text
     assert f"the senior: {tmp_path / 'senior'}" in text and "`aim up`" in text
@@ -76,6 +75,10 @@ def test_a_run_validates_the_base_first_logs_its_steps_and_closes_with_the_summa
     assert summary and "step 0 (the base) -> step 3" in summary[0]
     # the training's metrics are still returned beside the final validation's
     assert "train/reward" in metrics and "val/tandem/accuracy" in metrics
+    # the metrics files put each step and validation where the run's lines do
+    rows = metrics_rows(tmp_path / "run")
+    assert [int(r["step"]) for r in rows if r.get("val/tandem/accuracy")] == [0, 2, 3]
+    assert [int(r["step"]) for r in rows if r.get("train/reward")] == [1, 2, 3]
 
 
 def test_an_aim_run_is_named_after_its_folder_and_a_resume_continues_it(
@@ -95,8 +98,8 @@ def test_an_aim_run_is_named_after_its_folder_and_a_resume_continues_it(
     assert aim_run["output_dir"] == str(folder.absolute())
     assert json.loads((folder / "aim_run.json").read_text())["hash"] == aim_run.hash
     rewards = next(m for m in aim_run.metrics() if m.name == "train/reward")
-    # each start's steps in the one run
-    assert (rewards.first_step(), rewards.last_step()) == (0, 2)
+    # each start's steps in the one run, numbered as the run's lines number them
+    assert (rewards.first_step(), rewards.last_step()) == (1, 3)
 
 
 def test_a_run_in_a_sweep_is_named_by_the_sweep_and_its_job(tmp_path: Path) -> None:
@@ -104,3 +107,9 @@ def test_a_run_in_a_sweep_is_named_by_the_sweep_and_its_job(tmp_path: Path) -> N
     (tmp_path / "tiny_world" / "multirun.yaml").write_text("{}")
     assert run_label(tmp_path / "tiny_world" / "trl-seed1") == "tiny_world/trl-seed1"
     assert run_label(tmp_path / "tiny_world") == "tiny_world"
+    # a job folder that is only its number is named by its overrides
+    job = tmp_path / "tiny_world" / "3" / ".hydra"
+    job.mkdir(parents=True)
+    recorded = "- sampler=token\n- sampler.p=0.25\n- hydra.verbose=false\n"
+    (job / "overrides.yaml").write_text(recorded)
+    assert run_label(job.parent) == "tiny_world/sampler=token,sampler.p=0.25"

@@ -5,9 +5,9 @@ last token, another's a word the other author has just finished, a third's nothi
 forward over a right-padded ``[rows, K]`` block pays for every padded slot in every layer, and
 a cache that grows by K columns for every row. Here the tokens that are really read are packed
 into one sequence ``[1, M]``: the projections and MLPs see only them, and each row's keys and
-values go to its own next free columns of a per-row cache (``[N, capacity, H_kv, d]`` a layer,
-so that one token's keys are one row of it), so the cache grows with what each row has read, not
-with the steps.
+values go to its own next free columns of a per-row cache (``[N, H_kv, capacity, d]`` a layer,
+the layout attention reads: a row's keys of one head are one block, as in a reserved cache), so
+the cache grows with what each row has read, not with the steps.
 
 Attention is the one part that needs rows. An attention function registered with transformers'
 ``AttentionInterface`` (``tandem_packed``), selected for the duration of each packed forward,
@@ -41,6 +41,11 @@ from tandem.engine.cache import new_cache, reserved
 from tandem.engine.reader import Reader
 
 PACKED = "tandem_packed"
+# Attention reads the caches of every batch row in place when at least this share of the rows
+# reads, else gathers the reading rows' caches: a gather writes each key once more than attention
+# reads it. At the tiny world's sizes (50 rows, 160-270 columns) attention in place takes about
+# 0.5 ms a layer whatever the share, a gather and attention 0.45 ms at 16 rows and 0.7 at 24.
+_READ_IN_PLACE = 1 / 3
 
 
 @dataclass
@@ -77,8 +82,9 @@ class Packing:
 
     Attributes:
         reader: the reader whose per-row caches the keys and values go to.
-        places: ``[M]`` where each packed token's keys and values go: row times capacity plus
-            column, in the storage seen as ``[N * capacity, H_kv * d]``.
+        places: ``[H_kv * M]`` where each packed token's keys and values of each head go, head
+            by head: ``(row * H_kv + head) * capacity + column``, in the storage seen as
+            ``[N * H_kv * capacity, d]``.
         layouts: the queries' layouts: each row's first token, one per row, then the rest of
             the rows that read more (few, at a change of pen), so that a long read by a few
             rows does not pad every row's queries.
@@ -103,20 +109,19 @@ def packed_attention(
     ``query [1, H, M, d]``, ``key``/``value [1, H_kv, M, d]``; returns ``[1, M, H, d]``.
     """
     pack: Packing = attention_mask
-    stored_keys, stored_values = pack.reader.storage[module.layer_idx]  # [N, capacity, H_kv, d]
-    kv_heads = stored_keys.shape[2]
+    stored_keys, stored_values = pack.reader.storage[module.layer_idx]  # [N, H_kv, capacity, d]
     for stored, new in ((stored_keys, key), (stored_values, value)):
-        flat = stored.view(-1, kv_heads * stored.shape[3])  # [N * capacity, H_kv * d]
-        flat.index_copy_(0, pack.places, new[0].transpose(0, 1).reshape(-1, flat.shape[1]))
+        # [N * H_kv * capacity, d] <- [H_kv * M, d], head by head
+        stored.view(-1, stored.shape[3]).index_copy_(0, pack.places, new[0].flatten(0, 1))
     heads, m, d = query.shape[1:]
     packed = query[0].transpose(0, 1)  # [M, H, d]
     out = None if len(pack.layouts) == 1 else packed.new_empty(m, heads, d)
     for lay in pack.layouts:
         c = lay.mask.shape[-1]
-        keys, values = stored_keys[:, :c], stored_values[:, :c]
-        if lay.rows is not None:
-            keys, values = keys[lay.rows], values[lay.rows]
-        keys, values = keys.transpose(1, 2), values.transpose(1, 2)  # [r, H_kv, C, d]
+        if lay.rows is None:  # read in place
+            keys, values = stored_keys[:, :, :c], stored_values[:, :, :c]  # [N, H_kv, C, d]
+        else:  # gathered: [r, H_kv, C, d]
+            keys, values = stored_keys[lay.rows, :, :c], stored_values[lay.rows, :, :c]
         mine = packed if lay.tokens is None else packed[lay.tokens]  # [Q, H, d]
         # the queries' buffer, [r, H_kv, groups * K, d] (a key/value head's query heads side by
         # side): its padded slots stay zero, as every layer fills the same places
@@ -164,13 +169,13 @@ class PackedReader(Reader):
             for t in (layer.keys, layer.values):  # [N, H_kv, width, d]
                 # zeros, not garbage: columns a row has not filled are hidden from it, but
                 # attention still weighs their values by 0, and 0 * NaN is NaN
-                s = t.new_zeros(t.shape[0], capacity, t.shape[1], t.shape[3])
-                s[:, :width] = t[:, :, :width].transpose(1, 2)
+                s = t.new_zeros(t.shape[0], t.shape[1], capacity, t.shape[3])
+                s[:, :, :width] = t[:, :, :width]
                 pair.append(s)
             self.storage.append(tuple(pair))
         self.cache = None  # its keys now live in ``storage``
         self._heads = self.model.config.num_attention_heads
-        self._groups = self._heads // self.storage[0][0].shape[2]  # query heads per key head
+        self._groups = self._heads // self.storage[0][0].shape[1]  # query heads per key head
         self._head_dim = self.storage[0][0].shape[3]
         rows = logits.shape[0]
         lengths = mask.to(self.device).long().sum(1).repeat_interleave(repeats)  # [N]
@@ -195,10 +200,10 @@ class PackedReader(Reader):
         r = rows.shape[0]
         local = torch.arange(r, device=dev).repeat_interleave(counts, output_size=m)  # [M]
         # each row's first token, one query per row: over every batch row (the caches read in
-        # place) when at least half of them read, else over the reading rows (theirs gathered)
+        # place) when enough of them read, else over the reading rows (theirs gathered)
         leading = (offsets == 0).nonzero().squeeze(1)  # [r]
         every = None if k == 1 else leading  # with one token a row, every token leads its row
-        if 2 * r >= n:
+        if r >= _READ_IN_PLACE * n:
             layouts = [self._layout(None, every, token_rows[leading], 0, 1, end)]
         else:
             layouts = [self._layout(rows, every, local[leading], 0, 1, end)]
@@ -208,7 +213,9 @@ class PackedReader(Reader):
             index = (more.long().cumsum(0) - 1)[local[rest]]  # [M - r] place among them
             slots = index * (k - 1) + offsets[rest] - 1
             layouts.append(self._layout(rows[more], rest, slots, 1, k - 1, end))
-        places = token_rows * self.storage[0][0].shape[1] + columns
+        _, kv_heads, capacity, _ = self.storage[0][0].shape
+        heads = torch.arange(kv_heads, device=dev)[:, None]  # [H_kv, 1]
+        places = ((token_rows * kv_heads + heads) * capacity + columns).flatten()  # [H_kv * M]
         pack = Packing(self, places, layouts)
         positions = self.position[token_rows] + offsets  # [M]
         config = self.model.config
@@ -259,7 +266,7 @@ class PackedReader(Reader):
 
     def _room(self, end: int) -> None:
         """Grow every layer's storage (by doubling) until ``end`` columns fit."""
-        size = self.storage[0][0].shape[1]
+        size = self.storage[0][0].shape[2]
         if end <= size:
             return
         new = max(end, 2 * size)
@@ -267,7 +274,7 @@ class PackedReader(Reader):
         for pair in self.storage:
             grown.append(
                 tuple(
-                    torch.cat([t, t.new_zeros(t.shape[0], new - size, *t.shape[2:])], 1)
+                    torch.cat([t, t.new_zeros(*t.shape[:2], new - size, t.shape[3])], 2)
                     for t in pair
                 )
             )
@@ -287,7 +294,7 @@ class PackedReader(Reader):
     def _kept(t: Tensor, keep: Tensor, end: int) -> Tensor:
         """Rows ``keep`` of storage ``t``, their first ``end`` columns copied, its room kept."""
         out = t.new_zeros(keep.shape[0], *t.shape[1:])
-        out[:, :end] = t[keep, :end]
+        out[:, :, :end] = t[keep, :, :end]
         return out
 
     def tidy(self) -> None:

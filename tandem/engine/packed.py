@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from transformers import AttentionInterface
 
-from tandem.engine.cache import new_cache, reserved
+from tandem.engine.cache import new_cache, reserved, take_storage
 from tandem.engine.reader import Reader
 
 PACKED = "tandem_packed"
@@ -162,18 +162,9 @@ class PackedReader(Reader):
     def prefill(self, ids: Tensor, mask: Tensor, repeats: int, max_new_tokens: int) -> Tensor:
         logits = super().prefill(ids, mask, repeats, max_new_tokens)
         width = ids.shape[1]
-        capacity = width + max_new_tokens
-        self.storage = []
-        for layer in self.cache.layers:
-            pair = []
-            for t in (layer.keys, layer.values):  # [N, H_kv, width, d]
-                # zeros, not garbage: columns a row has not filled are hidden from it, but
-                # attention still weighs their values by 0, and 0 * NaN is NaN
-                s = t.new_zeros(t.shape[0], t.shape[1], capacity, t.shape[3])
-                s[:, :, :width] = t[:, :, :width]
-                pair.append(s)
-            self.storage.append(tuple(pair))
-        self.cache = None  # its keys now live in ``storage``
+        # the reserved cache's storage, room for every response token included, is read on
+        self.storage = take_storage(self.cache, width)  # per layer: [N, H_kv, capacity, d] x 2
+        self.cache = None
         self._heads = self.model.config.num_attention_heads
         self._groups = self._heads // self.storage[0][0].shape[1]  # query heads per key head
         self._head_dim = self.storage[0][0].shape[3]
@@ -284,18 +275,15 @@ class PackedReader(Reader):
         keep = keep.to(self.device)
         self.first, self.filled = self.first[keep], self.filled[keep]
         end = int(self.filled.max()) if keep.numel() else 0
-        # the kept rows' filled columns are copied; the room after them stays (zeros)
-        self.storage = [
-            (self._kept(k, keep, end), self._kept(v, keep, end)) for k, v in self.storage
-        ]
+        n = keep.shape[0]
+        # The kept rows' filled columns move to the front of the same storage (the gather copies
+        # them out before any is overwritten). Past its own columns a row keeps what the row
+        # before it there held: zeros or keys, hidden from it and finite, as attention needs.
+        for pair in self.storage:
+            for t in pair:
+                t[:n, :, :end] = t[keep, :, :end]
+        self.storage = [(k[:n], v[:n]) for k, v in self.storage]
         self.position = self.position[keep]
-
-    @staticmethod
-    def _kept(t: Tensor, keep: Tensor, end: int) -> Tensor:
-        """Rows ``keep`` of storage ``t``, their first ``end`` columns copied, its room kept."""
-        out = t.new_zeros(keep.shape[0], *t.shape[1:])
-        out[:, :, :end] = t[keep, :, :end]
-        return out
 
     def tidy(self) -> None:
         """Nothing to tidy: a row's cache holds only what it read."""

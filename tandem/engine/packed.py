@@ -54,9 +54,9 @@ class Layout:
     """Some of a packed forward's queries laid out as ``[r, K]`` for attention.
 
     Attributes:
-        rows: ``[r]`` the batch rows laid out, or None for every batch row in order (the caches
-            are then read in place rather than gathered; rows with nothing here get padded
-            queries).
+        gather: which rows' caches this layout reads, as ``[r]`` indices among those the layout
+            before it read (the first: among the batch rows); None: those same caches, in place
+            (every batch row's, for the first; rows with nothing here get padded queries).
         tokens: ``[Q]`` which packed tokens are laid out here (None: all, in order).
         slots: ``[Q]`` their places in the ``[r, K]`` layout.
         width: ``K``.
@@ -68,7 +68,7 @@ class Layout:
             then ``h`` as key/value head and group, then ``j``).
     """
 
-    rows: Tensor | None
+    gather: Tensor | None
     tokens: Tensor | None
     slots: Tensor
     width: int
@@ -117,11 +117,11 @@ def packed_attention(
     heads, m, d = query.shape[1:]
     packed = query[0].transpose(0, 1)  # [M, H, d]
     out = None if len(pack.layouts) == 1 else packed.new_empty(m, heads, d)
+    c = pack.layouts[0].mask.shape[-1]  # every layout reads the same columns
+    keys, values = stored_keys[:, :, :c], stored_values[:, :, :c]  # [N, H_kv, C, d]
     for lay in pack.layouts:
-        c = lay.mask.shape[-1]
-        keys, values = stored_keys[:, :, :c], stored_values[:, :, :c]  # [N, H_kv, C, d]
-        if lay.rows is not None:  # gathered: [r, H_kv, C, d] (index_select: 4x an index's speed)
-            keys, values = keys.index_select(0, lay.rows), values.index_select(0, lay.rows)
+        if lay.gather is not None:  # [r, H_kv, C, d] (index_select: 4x an index's speed)
+            keys, values = keys.index_select(0, lay.gather), values.index_select(0, lay.gather)
         mine = packed if lay.tokens is None else packed.index_select(0, lay.tokens)  # [Q, H, d]
         # the queries' buffer, [r, H_kv, groups * K, d] (a key/value head's query heads side by
         # side): its padded slots stay zero, as every layer fills the same places
@@ -191,19 +191,22 @@ class PackedReader(Reader):
         r = rows.shape[0]
         local = torch.arange(r, device=dev).repeat_interleave(counts, output_size=m)  # [M]
         # each row's first token, one query per row: over every batch row (the caches read in
-        # place) when enough of them read, else over the reading rows (theirs gathered)
+        # place) when nearly all of them read, else over the reading rows (theirs gathered)
         leading = (offsets == 0).nonzero().squeeze(1)  # [r]
         every = None if k == 1 else leading  # with one token a row, every token leads its row
-        if r >= _READ_IN_PLACE * n:
-            layouts = [self._layout(None, every, token_rows[leading], 0, 1, end)]
+        in_place = r >= _READ_IN_PLACE * n
+        if in_place:
+            layouts = [self._layout(None, None, every, token_rows[leading], 0, 1, end)]
         else:
-            layouts = [self._layout(rows, every, local[leading], 0, 1, end)]
+            layouts = [self._layout(rows, rows, every, local[leading], 0, 1, end)]
         if k > 1:  # the rest of the few rows that read more (a change of pen), theirs gathered
             more = counts > 1
             rest = (offsets > 0).nonzero().squeeze(1)  # [M - r]
             index = (more.long().cumsum(0) - 1)[local[rest]]  # [M - r] place among them
             slots = index * (k - 1) + offsets[rest] - 1
-            layouts.append(self._layout(rows[more], rest, slots, 1, k - 1, end))
+            # from the first layout's caches: gathered already (dense), or the storage
+            among = rows[more] if in_place else more.nonzero().squeeze(1)
+            layouts.append(self._layout(rows[more], among, rest, slots, 1, k - 1, end))
         _, kv_heads, capacity, _ = self.storage[0][0].shape
         heads = torch.arange(kv_heads, device=dev)[:, None]  # [H_kv, 1]
         places = ((token_rows * kv_heads + heads) * capacity + columns).flatten()  # [H_kv * M]
@@ -228,6 +231,7 @@ class PackedReader(Reader):
     def _layout(
         self,
         rows: Tensor | None,
+        gather: Tensor | None,
         tokens: Tensor | None,
         slots: Tensor,
         skip: int,
@@ -235,8 +239,9 @@ class PackedReader(Reader):
         end: int,
     ) -> Layout:
         """A ``Layout`` of packed ``tokens`` at ``slots`` of ``rows`` (None: all batch rows),
-        each row's queries being its tokens after its first ``skip``; the mask lets each see
-        its row's columns from the first visible one up to its own, among the first ``end``."""
+        their caches read as ``gather`` says (``Layout``), each row's queries being its tokens
+        after its first ``skip``; the mask lets each see its row's columns from the first
+        visible one up to its own, among the first ``end``."""
         first, filled = (
             (self.first, self.filled) if rows is None else (self.first[rows], self.filled[rows])
         )
@@ -253,7 +258,7 @@ class PackedReader(Reader):
         queries = mask.new_zeros(mask.shape[0], h // g, g * k, self._head_dim)
         heads = torch.arange(h, device=self.device)
         places = ((slots // k) * h * k + slots % k)[:, None] + heads[None] * k  # [Q, H]
-        return Layout(rows, tokens, slots, k, mask, queries, places.flatten())
+        return Layout(gather, tokens, slots, k, mask, queries, places.flatten())
 
     def _room(self, end: int) -> None:
         """Grow every layer's storage (by doubling) until ``end`` columns fit."""

@@ -42,7 +42,7 @@ from torch import Tensor
 
 from tandem.engine.base import JUNIOR, PAD, SENIOR, SamplingParams, StopReason
 from tandem.engine.draw import Scores, coin_generator, draw, fast, new_buffer, score
-from tandem.engine.layout import Prompts, decoded
+from tandem.engine.layout import Prompts
 from tandem.engine.vocabulary import Vocabulary
 from tandem.samplers.base import Sampler, State
 
@@ -406,41 +406,3 @@ class CrossLoop:
             self.last[m.code] = self.last[m.code][keep]
         self.rows, self.live, self.redraw = self.rows[keep], self.live[keep], self.redraw[keep]
         self.state = {k: v[keep] for k, v in self.state.items()}
-
-    def fields(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """What ``CrossRollouts`` and its junior ``Sequences`` are made of (views of the buffers,
-        each trimmed to its longest row)."""
-        senior, junior = self.models[SENIOR], self.models[JUNIOR]
-        g, home = self.params.samples_per_prompt, self.home
-        s, lengths = self._trimmed(SENIOR), self.length[SENIOR]
-        tempered = self.params.logprob_temperature is not None
-        rollouts = {
-            "tokens": s["tokens"],
-            "authors": s["authors"],
-            "senior_logprobs": s["logprobs"],
-            "junior_logprobs": None,
-            "lengths": lengths,
-            "stop_reasons": self.stop_reasons,
-            **senior.prompts.rows(g, home),
-            "pad_token_id": senior.pad,
-            "texts": decoded(senior.tokenizer, s["tokens"], lengths),
-            "old_logprobs": s["old"] if tempered else None,
-            "ref_logprobs": None,
-        }
-        j, own = self._trimmed(JUNIOR), junior.prompts.rows(g, home)
-        juniors = {
-            "tokens": j["tokens"],
-            "authors": j["authors"],
-            "logprobs": j["logprobs"],
-            "lengths": self.length[JUNIOR],
-            "prompt_tokens": own["prompt_tokens"],
-            "prompt_lengths": own["prompt_lengths"],
-            "texts": decoded(junior.tokenizer, j["tokens"], self.length[JUNIOR]),
-            "byte_lengths": junior.nbytes[j["tokens"]] * (j["authors"] != PAD),
-        }
-        return rollouts, juniors
-
-    def _trimmed(self, code: int) -> dict[str, Tensor]:
-        """Model ``code``'s buffers up to its longest row (at least one column)."""
-        t = max(1, int(self.length[code].max()))
-        return {k: v[:, :t] for k, v in self.out[code].items()}

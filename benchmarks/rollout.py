@@ -26,9 +26,13 @@ ids), so all do the same work, and each run checks that it wrote ``batch * new_t
 
 The three take turns for R rounds (hf, solo, tandem, hf, ...); each rate is the median over the
 rounds and each ratio the median of the rounds' ratios, so that a busy spell on a shared machine
-slows a whole round rather than one method; ``settings`` records the load average before and
-after. ``cpu`` holds the same ratios per second of the process's CPU time, which waiting for a
-busy core does not move: where the two disagree, the load did.
+slows a whole round rather than one method. Beside each ratio ``<ratio>_cpu`` is the same ratio
+per second of the process's CPU time, which waiting for a busy core does not move, and
+``<ratio>_load_1m`` the 1-minute load average before and after its model's rounds: on this
+machine's ``settings.cpus`` cores, a load near 1 is this benchmark alone, and where the wall and
+CPU ratios disagree, the load moved them (other work also evicts this one's caches, so even the
+CPU ratios move a few hundredths under load). ``settings`` records the load before and after the
+whole run.
 
 Usage: ``python benchmarks/rollout.py [--quick] [--threads N] [--repeats R]`` (one thread unless
 told otherwise). What this file leaves out: GPUs (it runs wherever the models are put: CPU here)
@@ -165,15 +169,25 @@ def measure(
         asymmetric(model, cross[0], tok, cross[1], prompts[:2], 4)  # warm-up
         runs["asymmetric"] = lambda: asymmetric(model, cross[0], tok, cross[1], prompts, new_tokens)
         ratios.append(("asymmetric_vs_tandem", "asymmetric", "tandem"))
+    load = _load()
     rates, cpu = rounds(runs, batch * new_tokens, repeats)
+    load = [load, _load()]
     # Medians: of the rates, and of each round's ratios (a round's runs share its load).
-    result = {f"{k}_tok_s": round(statistics.median(v), 1) for k, v in rates.items()}
+    result: dict[str, Any] = {
+        f"{k}_tok_s": round(statistics.median(v), 1) for k, v in rates.items()
+    }
     for name, a, b in ratios:
         result[name] = _median_ratio(rates[a], rates[b])
-    # the same per second of CPU time: what the load does not move (see ``rounds``)
-    result["cpu"] = {name: _median_ratio(cpu[a], cpu[b]) for name, a, b in ratios}
+        # the same per second of CPU time, and the load the rounds ran under (see the module)
+        result[f"{name}_cpu"] = _median_ratio(cpu[a], cpu[b])
+        result[f"{name}_load_1m"] = load
     result["rounds_tok_s"] = {k: [round(x) for x in v] for k, v in rates.items()}
     return result
+
+
+def _load() -> float:
+    """The 1-minute load average, rounded."""
+    return round(os.getloadavg()[0], 2)
 
 
 def _median_ratio(a: list[float], b: list[float]) -> float:
@@ -195,7 +209,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     batch, new_tokens = (16, 32) if args.quick else (64, 128)
     repeats = args.repeats or (1 if args.quick else 3)
-    load_before = os.getloadavg()
+    load_before = _load()
 
     from tandem.assets.qwen_vocab import qwen_tokenizer_folder
 
@@ -220,7 +234,7 @@ def main() -> None:
         "qwen3_151k_vocab": measure(qwen_shaped(), qwen_tok, batch, new_tokens, repeats),
     }
     # 1-minute load averages: above the CPU count, other work was competing for the cores.
-    result["settings"]["load_avg_1m"] = [round(load_before[0], 2), round(os.getloadavg()[0], 2)]
+    result["settings"]["load_avg_1m"] = [load_before, _load()]
     print(json.dumps(result, indent=2))
 
 

@@ -148,6 +148,24 @@ def reserved(cache: Any) -> bool:
     return all(type(x) is ReservedLayer for x in layers)
 
 
+def take_storage(cache: Any, filled: int) -> list[tuple[Tensor, Tensor]]:
+    """Each layer's whole storage of a reserved ``cache`` (keys and values ``[N, H_kv, size,
+    d]``), its columns past ``filled`` zeroed, for a reader that writes into it itself
+    (``tandem.engine.packed``); the cache is not to be used after.
+
+    Zeros, not what the storage held: columns a row has not filled are hidden from it, but
+    attention still weighs their values by 0, and 0 * NaN is NaN.
+    """
+    assert reserved(cache), "only a reserved cache has storage to hand over"
+    out = []
+    for layer in cache.layers:
+        keys, values = layer._storage
+        keys[:, :, filled:] = 0.0
+        values[:, :, filled:] = 0.0
+        out.append((keys, values))
+    return out
+
+
 def stack_caches(
     model: Any, parts: list[tuple[Tensor, Any]], rows: int, width: int, capacity: int, repeats: int
 ) -> Any:

@@ -34,10 +34,18 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from tandem.engine.base import JUNIOR, SENIOR, Rollouts, SamplingParams
+from tandem.engine.base import JUNIOR, PAD, SENIOR, Rollouts, SamplingParams
 from tandem.engine.block import BlockReader
 from tandem.engine.cross_loop import CrossLoop, Partner
-from tandem.engine.layout import Prompts, eos_ids, eval_mode, finish, model_configs, pad_id
+from tandem.engine.layout import (
+    Prompts,
+    decoded,
+    eos_ids,
+    eval_mode,
+    finish,
+    model_configs,
+    pad_id,
+)
 from tandem.engine.packed import PackedReader, packable
 from tandem.engine.vocabulary import (
     PROBE_TEXTS,
@@ -128,7 +136,7 @@ def generate_cross(
         j = _model(junior, junior_tokenizer, sampler, JUNIOR, eos_j, junior_prompts, g, home)
         loop = CrossLoop(s, j, params)
         loop.run()
-        fields, juniors = loop.fields()
+        fields, juniors = _fields(loop)
     return finish(CrossRollouts, **fields, junior=finish(Sequences, **juniors))
 
 
@@ -163,3 +171,43 @@ def _model(
         padded_to(vocab.nbytes, width).to(home),
         batch.ids[:, -1].repeat_interleave(g).to(home),
     )
+
+
+def _fields(loop: CrossLoop) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What ``CrossRollouts`` and its junior ``Sequences`` are made of: views of the loop's
+    buffers, each trimmed to its longest row."""
+    senior, junior = loop.models[SENIOR], loop.models[JUNIOR]
+    g, home = loop.params.samples_per_prompt, loop.home
+    s, lengths = _trimmed(loop, SENIOR), loop.length[SENIOR]
+    tempered = loop.params.logprob_temperature is not None
+    rollouts = {
+        "tokens": s["tokens"],
+        "authors": s["authors"],
+        "senior_logprobs": s["logprobs"],
+        "junior_logprobs": None,
+        "lengths": lengths,
+        "stop_reasons": loop.stop_reasons,
+        **senior.prompts.rows(g, home),
+        "pad_token_id": senior.pad,
+        "texts": decoded(senior.tokenizer, s["tokens"], lengths),
+        "old_logprobs": s["old"] if tempered else None,
+        "ref_logprobs": None,
+    }
+    j, own = _trimmed(loop, JUNIOR), junior.prompts.rows(g, home)
+    juniors = {
+        "tokens": j["tokens"],
+        "authors": j["authors"],
+        "logprobs": j["logprobs"],
+        "lengths": loop.length[JUNIOR],
+        "prompt_tokens": own["prompt_tokens"],
+        "prompt_lengths": own["prompt_lengths"],
+        "texts": decoded(junior.tokenizer, j["tokens"], loop.length[JUNIOR]),
+        "byte_lengths": junior.nbytes[j["tokens"]] * (j["authors"] != PAD),
+    }
+    return rollouts, juniors
+
+
+def _trimmed(loop: CrossLoop, code: int) -> dict[str, Tensor]:
+    """Model ``code``'s buffers up to its longest row (at least one column)."""
+    t = max(1, int(loop.length[code].max()))
+    return {k: v[:, :t] for k, v in loop.out[code].items()}

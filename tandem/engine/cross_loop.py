@@ -41,8 +41,8 @@ import torch
 from torch import Tensor
 
 from tandem.engine.base import JUNIOR, PAD, SENIOR, SamplingParams, StopReason
-from tandem.engine.draw import coin_generator, draw, score
-from tandem.engine.layout import Prompts, decoded
+from tandem.engine.draw import Scores, coin_generator, draw, fast, new_buffer, score
+from tandem.engine.layout import Prompts
 from tandem.engine.vocabulary import Vocabulary
 from tandem.runs.stop import stop_point
 from tandem.samplers.base import Sampler, State
@@ -93,6 +93,7 @@ class CrossLoop:
         self.coins = coin_generator(params.seed)
         # writer code -> {its token chunk: the other model's tokens of its text}
         self._translations: dict[int, dict[tuple[int, ...], list[int]]] = {SENIOR: {}, JUNIOR: {}}
+        self._buffers_of_weights: dict[int, Tensor] = {}  # code -> [N, B * S], see ``_draw``
 
     @property
     def author(self) -> Tensor:
@@ -197,7 +198,10 @@ class CrossLoop:
         """``[r]`` tokens from ``m`` for batch ``rows``; rows redrawing a retracted position
         draw from what ``m``'s schedule allows there."""
         dev = m.reader.device
-        s = score(self.last[m.code][rows].to(dev), self.params)
+        logits = self.last[m.code][rows].to(dev)  # [r, V]
+        # at temperature 1 the rows' weights go to a buffer kept for the call: a free row's draw
+        # is then the one it would be from its own weights, and nothing is allocated a turn
+        s = score(logits, self.params, self._weights(m.code, logits))
         restricted = self.redraw[rows]  # [r]
         token = torch.empty(rows.shape[0], dtype=torch.long, device=dev)
         free = (~restricted).nonzero().squeeze(1)
@@ -205,10 +209,22 @@ class CrossLoop:
             token[free.to(dev)] = draw(s, free.to(dev), uniforms[free].to(dev), self.params)
         again = restricted.nonzero().squeeze(1)
         if again.numel():
+            # from the logits masked to what is allowed, as without the buffer
+            plain = Scores(s.logits, s.lse, None, None)
             allowed = m.sampler.allowed({k: v[again] for k, v in state.items()})  # [q, V]
-            picked = draw(s, again.to(dev), uniforms[again].to(dev), self.params, allowed.to(dev))
+            picked = draw(
+                plain, again.to(dev), uniforms[again].to(dev), self.params, allowed.to(dev)
+            )
             token[again.to(dev)] = picked
         return token.to(self.home)
+
+    def _weights(self, code: int, logits: Tensor) -> Tensor | None:
+        """Model ``code``'s ``[N, B * S]`` buffer for ``score`` (``None`` off the fast path)."""
+        if not fast(self.params):
+            return None
+        if code not in self._buffers_of_weights:
+            self._buffers_of_weights[code] = new_buffer(self.total, logits.shape[1], logits.device)
+        return self._buffers_of_weights[code]
 
     def _read(self, m: Partner) -> None:
         """Model ``m`` reads its queued tokens of the rows it writes and of rows that have ended,
@@ -264,10 +280,20 @@ class CrossLoop:
             return
         reader = self.models[1 - writer.code]
         rows = self.rows[batch_rows]  # [r] rollout rows
-        ends = self.length[writer.code][rows]  # [r]
-        spans = zip(self.sync[rows].tolist(), ends.tolist(), strict=True)
-        ids = self.out[writer.code]["tokens"][rows, : int(ends.max())].tolist()
-        chunks = [tuple(row[a:b]) for row, (a, b) in zip(ids, spans, strict=True)]
+        ends, starts = self.length[writer.code][rows], self.sync[rows]  # [r] each
+        # Rows with no words since ``sync`` and no end to give have nothing to pass (a row whose
+        # proposal was withdrawn passed its words just before): they are left as they are.
+        give = ends > starts if eos is None else (ends > starts) | eos
+        if not bool(give.all()):
+            keep = give.nonzero().squeeze(1)
+            if keep.numel() == 0:
+                return
+            rows, ends, starts = rows[keep], ends[keep], starts[keep]
+            eos = None if eos is None else eos[keep]
+        spans = list(zip(starts.tolist(), ends.tolist(), strict=True))
+        first = min(a for a, _ in spans)  # only the columns the words are in become lists
+        ids = self.out[writer.code]["tokens"][rows, first : max(b for _, b in spans)].tolist()
+        chunks = [tuple(row[a - first : b - first]) for row, (a, b) in zip(ids, spans, strict=True)]
         encoded = self._translate(writer, reader, chunks)
         if eos is not None and reader.eos.numel() and bool(eos.any()):
             eos_id = int(reader.eos[0])
@@ -382,41 +408,3 @@ class CrossLoop:
             self.last[m.code] = self.last[m.code][keep]
         self.rows, self.live, self.redraw = self.rows[keep], self.live[keep], self.redraw[keep]
         self.state = {k: v[keep] for k, v in self.state.items()}
-
-    def fields(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """What ``CrossRollouts`` and its junior ``Sequences`` are made of (views of the buffers,
-        each trimmed to its longest row)."""
-        senior, junior = self.models[SENIOR], self.models[JUNIOR]
-        g, home = self.params.samples_per_prompt, self.home
-        s, lengths = self._trimmed(SENIOR), self.length[SENIOR]
-        tempered = self.params.logprob_temperature is not None
-        rollouts = {
-            "tokens": s["tokens"],
-            "authors": s["authors"],
-            "senior_logprobs": s["logprobs"],
-            "junior_logprobs": None,
-            "lengths": lengths,
-            "stop_reasons": self.stop_reasons,
-            **senior.prompts.rows(g, home),
-            "pad_token_id": senior.pad,
-            "texts": decoded(senior.tokenizer, s["tokens"], lengths),
-            "old_logprobs": s["old"] if tempered else None,
-            "ref_logprobs": None,
-        }
-        j, own = self._trimmed(JUNIOR), junior.prompts.rows(g, home)
-        juniors = {
-            "tokens": j["tokens"],
-            "authors": j["authors"],
-            "logprobs": j["logprobs"],
-            "lengths": self.length[JUNIOR],
-            "prompt_tokens": own["prompt_tokens"],
-            "prompt_lengths": own["prompt_lengths"],
-            "texts": decoded(junior.tokenizer, j["tokens"], self.length[JUNIOR]),
-            "byte_lengths": junior.nbytes[j["tokens"]] * (j["authors"] != PAD),
-        }
-        return rollouts, juniors
-
-    def _trimmed(self, code: int) -> dict[str, Tensor]:
-        """Model ``code``'s buffers up to its longest row (at least one column)."""
-        t = max(1, int(self.length[code].max()))
-        return {k: v[:, :t] for k, v in self.out[code].items()}

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -168,6 +169,23 @@ def _draw_restricted(
     return token
 
 
+def draw_mixed(scores: list[Scores], which: Tensor, uniforms: Tensor) -> Tensor:
+    """``[n]`` tokens on the temperature-1 path, row ``i`` from ``scores[which[i]]``: the draw
+    ``draw(scores[which[i]], ...)`` gives it, for every model's rows in one search.
+
+    Each row reads its own model's block sums and one block of its weights, as a draw from that
+    model alone does, so two models' rows cost one search rather than one each.
+    """
+    assert all(s.weights is not None and s.blocks is not None for s in scores)
+    rows = torch.arange(which.shape[0], device=which.device)
+    blocks = torch.stack([s.blocks for s in scores])[which, rows]  # [n, B] each row's model's
+
+    def inner(block: Tensor) -> Tensor:  # [n, S]: each row's block of its model's weights
+        return torch.stack([s.weights[rows, block] for s in scores])[which, rows]
+
+    return _search(blocks, inner, uniforms, scores[0].weights.shape[2])
+
+
 def _search_blocks(
     weights: Tensor, blocks: Tensor, uniforms: Tensor, rows: Tensor | None = None
 ) -> Tensor:
@@ -178,13 +196,18 @@ def _search_blocks(
     """
     if rows is None:
         rows = torch.arange(weights.shape[0], device=weights.device)
-    s = weights.shape[2]
-    ends = blocks[rows].cumsum(dim=-1)  # [r, B]
+    return _search(blocks[rows], lambda block: weights[rows, block], uniforms, weights.shape[2])
+
+
+def _search(blocks: Tensor, inner_of: Any, uniforms: Tensor, s: int) -> Tensor:
+    """The inverse-CDF search of ``_search_blocks``: ``blocks [r, B]`` the rows' block sums,
+    ``inner_of(block [r])`` their weights ``[r, S]`` in the block each falls in."""
+    ends = blocks.cumsum(dim=-1)  # [r, B]
     target = _below(uniforms[:, None] * ends[:, -1:], ends[:, -1:])  # [r, 1]
     # Clamped only for rows without any weight, which callers draw another way.
     block = torch.searchsorted(ends, target, right=True).clamp(max=ends.shape[1] - 1)  # [r, 1]
     before = torch.where(block > 0, ends.gather(1, (block - 1).clamp(min=0)), 0.0)
-    inner = weights[rows, block.squeeze(1)].cumsum(-1)  # [r, S]
+    inner = inner_of(block.squeeze(1)).cumsum(-1)  # [r, S]
     offset = torch.searchsorted(inner, _below(target - before, inner[:, -1:]), right=True)
     offset = offset.clamp(max=s - 1)
     return (block * s + offset).squeeze(1)

@@ -41,6 +41,7 @@ from tandem.engine.draw import (
     Scores,
     coin_generator,
     draw,
+    draw_mixed,
     fast,
     logprobs,
     new_buffer,
@@ -109,6 +110,8 @@ class Loop:
         )
         n, vocab, home = logits[0].shape[0], widths[0], self.home
         self.buffers = [new_buffer(n, vocab, r.device) if fast(p) else None for r in self.readers]
+        # two models' draws in one search where their weights share a device (``draw_mixed``)
+        self.mixed = fast(p) and len({r.device for r in self.readers}) == 1 < len(self.readers)
         self.sampler.bind(vocab, home)
         context = ids[:, -1].repeat_interleave(g).to(home)  # [n]
         self.handoff = self.sampler.start(context, self._rand(self.coins).to(home))
@@ -203,6 +206,8 @@ class Loop:
         allowed: Tensor | None = None,
     ) -> Tensor:
         """``[r]`` tokens for batch ``rows`` (``None``: all), each from its ``author``'s model."""
+        if rows is None and allowed is None and self.mixed:  # every model's rows in one search
+            return draw_mixed(scores, (author == JUNIOR).long(), uniforms)
         token = torch.full_like(author, -1)
         for code, s, reader in zip(self.codes, scores, self.readers, strict=True):
             mine = author == code  # [r]

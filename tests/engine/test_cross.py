@@ -311,14 +311,15 @@ def test_a_block_read_equals_reading_token_by_token(senior, prompts, attention) 
             assert torch.allclose(after[row], want, atol=1e-4), "padded columns stay hidden"
 
 
-@pytest.mark.parametrize("reading", ["most rows", "few rows"])
+@pytest.mark.parametrize("reading", ["every row", "most rows", "few rows"])
 def test_a_packed_read_equals_reading_token_by_token(senior, prompts, reading) -> None:
     """Rows read different numbers of tokens (none, one, a catch-up) in one packed forward: each
     token's logits, and what every row reads next, equal reading its tokens one by one."""
     n = 6
     batch = Prompts.of(prompts[:n], 0)
     ids, mask = batch.ids, batch.mask
-    reads = {
+    reads = {  # every row: the caches read in place; fewer: the reading rows' gathered
+        "every row": [[5, 6, 7], [8], [4], [9, 10], [11], [12]],
         "most rows": [[5, 6, 7], [8], [], [9, 10], [11], [12]],
         "few rows": [[5, 6, 7], [], [], [], [], [8]],
     }

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tandem.engine import SamplingParams
-from tandem.engine.draw import block_shape, draw, logprobs, new_buffer, score
+from tandem.engine.draw import block_shape, draw, draw_mixed, logprobs, new_buffer, score
 
 ROWS = 40_000  # draws per check: a 5-sigma band per token is a few tenths of a percent wide
 
@@ -100,3 +100,21 @@ def test_scores_give_the_raw_log_softmax():
     for params in (SamplingParams(), SamplingParams(temperature=0.6, top_k=4)):
         scores = score(logits, params, new_buffer(3, 1110, logits.device))
         assert torch.allclose(logprobs(scores, tokens), want, atol=1e-5)
+
+
+@pytest.mark.parametrize("vocab", [50, 1110, 151_936])
+def test_two_models_rows_in_one_search_draw_what_each_model_alone_draws(vocab):
+    """``draw_mixed``: each row's token is the one its own model's scores give it."""
+    g = torch.Generator().manual_seed(1)
+    n, params = 48, SamplingParams()
+    scores = [score(torch.randn(n, vocab, generator=g) * 3, params, new_buffer(n, vocab, "cpu"))]
+    scores.append(
+        score(torch.randn(n, vocab, generator=g) * 3, params, new_buffer(n, vocab, "cpu"))
+    )
+    which = torch.randint(0, 2, (n,), generator=g)
+    u = torch.rand(n, generator=g)
+    got = draw_mixed(scores, which, u)
+    for m in (0, 1):
+        rows = (which == m).nonzero().squeeze(1)
+        assert torch.equal(got[rows], draw(scores[m], rows, u[rows], params))
+    assert not torch.equal(draw(scores[0], None, u, params), draw(scores[1], None, u, params))

@@ -30,7 +30,7 @@ def read(model, prompts, repeats: int, steps: int) -> tuple[torch.Tensor, list[t
         tokens = torch.arange(n) * 7 + 3
         later = []
         for t in range(steps):
-            later.append(r.step(tokens + t, live))
+            later.append(r.step(tokens + t, live).clone())  # a step's logits: the next overwrites
             live[1] = False
     return first, later
 

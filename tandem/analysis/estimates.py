@@ -4,14 +4,14 @@ pull-back, the GRPO-seed calibration row, and the readings with Holm's correctio
 - an arm against GRPO: the model of seed and problem variance (``tandem.analysis.mixed``) on the
   runs' per-problem summaries (``tandem.analysis.problems.metric_arms``), macro or micro;
 - the pull-back (``tandem.analysis.pullback``): per GRPO seed ``i``, the arm's seed ``i`` read
-  against GRPO seed ``i`` minus the mean of every other GRPO seed read against it (the null: how
-  much a second GRPO seed reads on the same texts and items), with each problem's influence
+  against GRPO seed ``i`` minus the mean of the next two GRPO seeds read against it (the null:
+  how much a second GRPO seed reads on the same texts and items), with each problem's influence
   likewise; the model's interval of the mean of those over seeds, against zero;
 - the calibration row: the same procedure with a GRPO seed in Tandem RL's place: each GRPO seed
   against the mean of the others, one seed variance for all GRPO seeds (``pooled``, as one
   arm's seeds share one), so a group of one seed has an interval; for the pull-back, the next
-  GRPO seed read against each seed, minus the rest. An interval that excludes zero there is a
-  false positive of the procedure: about one in twenty is expected.
+  GRPO seed read against each seed, minus the one after it. An interval that excludes zero
+  there is a false positive of the procedure: about one in twenty is expected.
 
 What this file leaves out: the verdicts' wording (``tandem.analysis.claims``) and the page.
 """
@@ -88,20 +88,35 @@ def paired(pullback: dict, pairs: list[tuple[int, str, list[str]]]) -> Estimate 
     return difference([Arm(np.array([values]), np.stack(influences)[None])], [1])
 
 
+# GRPO seeds read against each GRPO seed as its null: the next ones in order, so that the work
+# grows with the seeds, not with their square
+NULL_SEEDS = 2
+
+
+def null_seeds(seed: int, grpo: list[int], count: int = NULL_SEEDS) -> list[int]:
+    """The GRPO seeds read against GRPO seed ``seed``: the ``count`` after it, cyclically."""
+    order = sorted(grpo)
+    at = order.index(seed)
+    return [order[(at + j) % len(order)] for j in range(1, min(count, len(order) - 1) + 1)]
+
+
 def pullback_pairs(arm: str, seeds: list[int], grpo: list[int]) -> list[tuple[int, str, list[str]]]:
     """``(reference, run, null runs)``: each seed of ``arm`` against the GRPO seed of its
-    number, the null every other GRPO seed against that one."""
+    number, the null the next GRPO seeds (``null_seeds``) against that one."""
     return [
-        (s, f"{arm}-seed{s}", [f"grpo-seed{t}" for t in grpo if t != s]) for s in seeds if s in grpo
+        (s, f"{arm}-seed{s}", [f"grpo-seed{t}" for t in null_seeds(s, grpo)])
+        for s in seeds
+        if s in grpo
     ]
 
 
 def calibration_pairs(grpo: list[int]) -> list[tuple[int, str, list[str]]]:
-    """A GRPO seed in Tandem RL's place: for each reference seed the next one, against the rest."""
+    """A GRPO seed in Tandem RL's place: for each reference seed the next one, against the one
+    after it."""
     out = []
-    for i, s in enumerate(grpo):
-        nxt = grpo[(i + 1) % len(grpo)]
-        out.append((s, f"grpo-seed{nxt}", [f"grpo-seed{t}" for t in grpo if t not in (s, nxt)]))
+    for s in grpo:
+        first, *rest = null_seeds(s, grpo)
+        out.append((s, f"grpo-seed{first}", [f"grpo-seed{t}" for t in rest]))
     return out
 
 
@@ -114,7 +129,7 @@ def pullback_estimate(inputs: Inputs, arm: str) -> Estimate | None:
 
 def _pullback_calibration(inputs: Inputs) -> list[tuple[str, Estimate]]:
     got = paired(inputs.pullback, calibration_pairs([r.seed for r in inputs.arm("grpo")]))
-    return [] if got is None else [("next GRPO seed − the others, per reference seed", got)]
+    return [] if got is None else [("the next GRPO seed − the one after, per seed", got)]
 
 
 @dataclass(frozen=True)

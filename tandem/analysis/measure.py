@@ -24,6 +24,7 @@ import torch
 
 from tandem.analysis import inputs as stored
 from tandem.analysis.displacement import displacement
+from tandem.analysis.estimates import null_seeds
 from tandem.analysis.problems import summarize
 from tandem.analysis.pullback import halves, problem_probabilities, pullback
 from tandem.analysis.study import Run, Study, evaluate, find_runs
@@ -132,12 +133,13 @@ def validation(folder: Path) -> dict[str, dict[str, float]]:
 def measure_pullback(
     study: Study, runs: list[Run], seniors: dict[Path, Path], folders: dict[Path, Path]
 ) -> dict[str, Any]:
-    """Per GRPO seed, the pull-back of its seed's other arms and of every other GRPO seed."""
+    """Per GRPO seed, the pull-back of its seed's other arms and of the next GRPO seeds
+    (``tandem.analysis.estimates.null_seeds``)."""
     grpo = {r.seed: r for r in runs if r.arm == "grpo"}
     out: dict[str, Any] = {"top_share": study.top_share, "references": {}}
     for seed, reference in sorted(grpo.items()):
         others = [r for r in runs if r.seed == seed and r.arm != "grpo"]
-        others += [g for s, g in sorted(grpo.items()) if s != seed]
+        others += [grpo[s] for s in null_seeds(seed, list(grpo))]
         cache = folders[reference.path] / "pullback.json"
         found = json.loads(cache.read_text()) if cache.is_file() else {}
         if found.get("top_share") != study.top_share:

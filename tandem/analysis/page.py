@@ -137,8 +137,8 @@ def verdicts_section(inputs: Inputs, read: list[Read]) -> list[str]:
         else:
             g = r.reading
             seeds = f"{g.seeds}" if g.seeds else "more seeds alone cannot (more problems)"
-            effect = fmt(g.effect, m, sign=not r.claim.on_par and g.effect_from == "the paper")
-            target = f"{seeds} (for {g.effect_from}'s {effect}; {have[0]} and {have[1]} now)"
+            what = "difference" if g.effect_from == "the paper" else "margin"
+            target = f"{seeds} (for a {what} of {fmt(g.effect, m)}; {have[0]} and {have[1]} now)"
             cells = [interval(r.estimate, m), g.verdict, after_holm(g, r.adjusted)]
             cells += [fmt(g.mde, m), target]
         row = [short, f"`{m}`", f"±{r.margin.margin:g}", *cells]
@@ -154,7 +154,7 @@ def calibration_section(inputs: Inputs) -> list[str]:
         "The procedure above with a GRPO seed in Tandem RL's place (`tandem/analysis/"
         "estimates.py`): each GRPO seed against the mean of the others, one seed variance for "
         "all GRPO seeds; for the pull-back, the next GRPO seed read against each seed, minus "
-        "the others. Every interval should contain zero; about one in twenty will not by "
+        "the one after it. Every interval should contain zero; about one in twenty will not by "
         "chance.",
         "",
         "| metric | interval (95%) | contains zero |",
@@ -220,7 +220,11 @@ def _differences(inputs: Inputs, claim: Claim) -> list[str]:
     cols = [f"{a} − grpo" + (f" ({avg})" if several else "") for a in others for avg in averages]
     lines = [
         "Each arm minus GRPO, from the model (95% intervals)"
-        + (", macro (each set alike) and micro (each problem alike):" if several else ":"),
+        + (
+            ", macro (each set alike) and micro (each problem alike):"
+            if several
+            else " (one eval set: the micro mean, each problem alike, is the macro mean):"
+        ),
         "",
         "| metric | " + " | ".join(cols) + " |",
         "|" + " --- |" * (len(cols) + 1),

@@ -208,10 +208,11 @@ def world_pullbacks(
     world: World, kind: str, seeds: int, rng: np.random.Generator, size: float = 1.0
 ) -> dict:
     """A study's ``pullback.json`` in ``world``: per GRPO seed, the other arm's seed (``trl``)
-    and every other GRPO seed read against it (``tandem.analysis.pullback``), with ``samples``
-    positions per problem."""
+    and the next GRPO seeds (``null_seeds``) read against it (``tandem.analysis.pullback``),
+    with 8 positions per problem."""
     import torch
 
+    from tandem.analysis.estimates import null_seeds
     from tandem.analysis.pullback import halves, pullback
 
     arm, null = world.studies(kind, seeds, rng, size)
@@ -219,9 +220,11 @@ def world_pullbacks(
     positions = torch.full((world.problems,), 8.0, dtype=torch.float64)
     references = {}
     for i in range(seeds):
-        others = [j for j in range(seeds) if j != i]
+        others = [j for j in range(seeds) if j != i]  # the order of ``null[i]``
         models = [(f"trl-seed{i}", arm[i])]
-        models += [(f"grpo-seed{j}", null[i][n]) for n, j in enumerate(others)]
+        models += [
+            (f"grpo-seed{j}", null[i][others.index(j)]) for j in null_seeds(i, list(range(seeds)))
+        ]
         runs = {}
         for name, probs in models:
             got = pullback(8 * torch.from_numpy(probs), positions, first, world.top_share)

@@ -243,7 +243,8 @@ def _evaluate_locked(senior: str, out: Path, overrides: Sequence[str]) -> dict[s
     return json.loads(done.read_text())
 
 
-def main(argv: list[str] | None = None) -> Path:
+def command_line() -> argparse.ArgumentParser:
+    """The study's command line."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="?", type=Path, help="sweep folder (default: the study's)")
     parser.add_argument(
@@ -277,12 +278,20 @@ def main(argv: list[str] | None = None) -> Path:
         metavar="KEY=VALUE",
         help="a tandem.evaluate override, e.g. --eval eval.tiny.limit=100 (repeatable)",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> Path:
+    parser = command_line()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from tandem.analysis.measure import measure, render_folder
 
     if args.from_results is not None:
-        out = render_folder(args.from_results)
+        try:
+            out = render_folder(args.from_results)
+        except FileNotFoundError as e:
+            parser.error(str(e))
         print(f"wrote {out}")
         return out
     study = Study.load(args.study)
@@ -294,7 +303,10 @@ def main(argv: list[str] | None = None) -> Path:
     command = " ".join(
         ["python -m tandem.analysis.study", *(sys.argv[1:] if argv is None else argv)]
     )
-    measure(study, args.eval, command)
+    try:
+        measure(study, args.eval, command)
+    except FileNotFoundError as e:
+        parser.error(str(e))
     out = render_folder(study.inputs)
     print(f"wrote {out}")
     return out

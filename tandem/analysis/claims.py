@@ -1,27 +1,28 @@
-"""The paper's four claims and how the study judges them from per-seed values.
+"""The paper's four claims and how the study reads each of its metrics.
 
-Each arm gives one value per seed. A directional claim (Tandem RL better than GRPO) is judged by
-Welch's 95% t-interval of the difference of the means: clear of zero in the paper's direction,
-"Reproduces"; containing zero, "No detectable difference" (the seeds cannot tell which way it
-goes, so it never reads as the other way); clear of zero the other way, "Opposite direction".
-The "on par" claim is an equivalence statement with a stated margin (two one-sided tests at the
-5% level, TOST): equivalent within +-m when the 90% Welch interval of the difference lies
-inside (-m, +m), and "not shown equivalent" otherwise. A margin makes "on par" a claim that
-can fail; an interval that merely contains zero says too few seeds as readily as no difference.
+Every metric of a claim is read from one interval: Tandem RL minus GRPO, from the model of seed
+and problem variance (``tandem.analysis.mixed``; the pull-back from its own paired reading,
+``tandem.analysis.study``). Against a margin stated before the data, in the metric's units
+(``conf/study/<name>.yaml``, ``margins``, each with its reason):
 
-The pulled-back share and the pull-back Spearman correlation are Tandem RL's alone (measured
-against GRPO within a seed), so they are judged by the one-sample t-interval of their mean
-against a reference: 50% of the displaced items (a coin's share), and zero correlation.
+- a directional claim (Tandem RL better) **reproduces** where the 95% interval is clear of zero
+  in the paper's direction, goes the **opposite direction** where it is clear the other way, is
+  **equivalent within the margin** (no effect as large as the margin: the claim fails) where the
+  90% interval lies inside it (two one-sided tests at the 5% level, TOST), and is otherwise
+  **no detectable difference**: undecided, the interval reaching beyond the margin. No detectable
+  difference never reads as "the same";
+- the on-par claim is **on par within the margin** by TOST, **not on par** where the 95%
+  interval is clear of zero and the 90% interval reaches beyond the margin, and otherwise
+  **undecided**.
 
-Every claim is also read against a null: the same figure for two seeds of one arm. For a
-per-seed figure the null is every GRPO-seed-minus-GRPO-seed difference over the pairs of GRPO
-seeds, and its spread the largest of them in absolute value; a claim reproduces against the null
-only where the arm's interval lies wholly beyond that spread in the paper's direction (an effect
-larger than two runs of GRPO already differ by), and is on par against it where the 90%
-interval lies inside it (``null_verdict``). The pull-back statistics are read against their own
-null in ``tandem.analysis.displacement.pullback_against_null``.
+Each reading carries its primary test's p-value (the difference test of a directional claim, the
+TOST of the on-par claim), which Holm's step-down correction adjusts over the page's metrics
+(``holm``): a verdict that rests on that test holds after Holm only where the adjusted p-value is
+below 5%. Beside it: the minimal detectable effect (80% power at the 5% level, for the seeds and
+noise the page has) and the seeds per arm that would find the effect that matters (the paper's own
+difference where it gives both arms' figures, else the margin) with that power.
 
-What this file leaves out: where the values come from and the page (``tandem.analysis.study``).
+What this file leaves out: where the values come from (``tandem.analysis.study``) and the page.
 """
 
 from __future__ import annotations
@@ -30,9 +31,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-# the default equivalence margin of "on par": two points of absolute accuracy, about the spread
-# between seeds of one arm in the tiny-world study
-MARGIN = 0.02
+import numpy as np
+
+from tandem.analysis.mixed import Estimate, minimal_effect, seeds_needed
+
+LEVEL = 0.95
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,7 @@ CLAIMS = (
         "KL(senior || base) per token 0.022 (Tandem RL) vs 0.026 (GRPO); 87% of the 500 tokens "
         "GRPO displaced most move back toward the base, and over them GRPO's displacement from "
         "the base and Tandem RL's shift from GRPO are negatively correlated (Spearman).",
-        ("drift/kl", "pulled_back", "pullback_rho"),
+        ("drift/kl", "pullback"),
         False,
     ),
     Claim(
@@ -76,6 +79,7 @@ CLAIMS = (
         False,
     ),
 )
+METRICS = tuple(m for claim in CLAIMS for m in claim.metrics)
 # metrics where higher is better (for the others, lower is)
 HIGHER_IS_BETTER = {
     "solo/pass@1",
@@ -83,14 +87,149 @@ HIGHER_IS_BETTER = {
     "handoff/pass@1",
     "handoff/pass@8",
     "legibility/overlap",
-    "pulled_back",
+    "pullback",
 }
-# Tandem RL's own measurements against GRPO, with {mean} the formatted mean over seeds
-SHARE = "{mean} of GRPO's most displaced tokens sit closer to the base under Tandem RL"
-CORRELATION = (
-    "mean Spearman rho {mean} between GRPO's displacement from the base and Tandem RL's shift "
-    "from GRPO (negative: moved back)"
-)
+# what the paper reports (Tandem RL, GRPO) where it gives a figure for an arm
+PAPER = {
+    "drift/kl": {"trl": 0.022, "grpo": 0.026},
+    "legibility/junior_ce": {"trl": 0.122, "grpo": 0.132},
+    "legibility/overlap": {"trl": 0.973, "grpo": 0.960},
+    "pulled_back": {"trl": 0.87},
+}
+
+# decimals of a metric's figures (accuracies and the pull-back: 3)
+DECIMALS = {"drift/kl": 4, "legibility/junior_ce": 4, "legibility/overlap": 4}
+
+REPRODUCES = "Reproduces"
+OPPOSITE = "Opposite direction"
+NO_DIFFERENCE = "No detectable difference"
+NOT_ON_PAR = "Not on par"
+
+
+@dataclass(frozen=True)
+class Margin:
+    """A metric's equivalence margin, in its units, and why it is that size."""
+
+    margin: float
+    reason: str
+
+    def __post_init__(self) -> None:
+        if not self.margin > 0:
+            raise ValueError(f"margin ({self.margin}) must be positive: it bounds |difference|.")
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One metric's reading from one interval.
+
+    Attributes:
+        metric: the metric.
+        verdict: the short verdict (the words of the page's tables).
+        sentence: the verdict with its figures.
+        value, lo, hi: the difference and its 95% interval.
+        p: the primary test's p-value (the difference test, or the TOST of an on-par claim).
+        primary: whether the verdict rests on the primary test (so Holm's correction applies).
+        mde: the minimal detectable effect of the primary test (80% power, 5% level).
+        effect: the effect that matters for ``seeds`` (the paper's difference, or the margin).
+        effect_from: where ``effect`` comes from (``the paper`` or ``the margin``).
+        seeds: seeds per arm that find ``effect`` with 80% power (0: seeds alone cannot).
+    """
+
+    metric: str
+    verdict: str
+    sentence: str
+    value: float
+    lo: float
+    hi: float
+    p: float
+    primary: bool
+    mde: float
+    effect: float
+    effect_from: str
+    seeds: int
+
+
+def paper_difference(metric: str) -> float | None:
+    """Tandem RL minus GRPO as the paper reports it (None: it gives no figure for both)."""
+    got = PAPER.get(metric, {})
+    return got["trl"] - got["grpo"] if "trl" in got and "grpo" in got else None
+
+
+def read(claim: Claim, metric: str, estimate: Estimate, margin: Margin) -> Reading:
+    """The reading of one metric (``estimate``: one replicate of Tandem RL minus GRPO)."""
+    e = {k: float(np.reshape(getattr(estimate, k), -1)[0]) for k in ("value", "se", "df")}
+    if math.isnan(e["se"]) or e["se"] == 0:
+        return _no_interval(metric, e["value"], margin)
+    lo, hi = (float(np.reshape(x, -1)[0]) for x in estimate.interval(LEVEL))
+    lo90, hi90 = (float(np.reshape(x, -1)[0]) for x in estimate.interval(0.90))
+    m = margin.margin
+    paper = paper_difference(metric)
+    effect, source = (abs(paper), "the paper") if paper and not claim.on_par else (m, "the margin")
+    se, df = np.asarray(e["se"]), np.asarray(e["df"])
+    if claim.on_par:
+        p = float(np.reshape(estimate.tost_p(m), -1)[0])
+        mde = float(minimal_effect(se, df, 0.8, 0.05, equivalence=True))
+        seeds = seeds_needed(estimate, effect, equivalence=True)
+    else:
+        p = float(np.reshape(estimate.p_value(), -1)[0])
+        mde = float(minimal_effect(se, df, 0.8, 0.05))
+        seeds = seeds_needed(estimate, effect)
+    verdict, primary = _verdict(claim, metric, lo, hi, lo90, hi90, m)
+    f = lambda x: f"{x:+.{DECIMALS.get(metric, 3)}f}"  # noqa: E731
+    difference_p = float(np.reshape(estimate.p_value(), -1)[0])
+    tost = float(np.reshape(estimate.tost_p(m), -1)[0])
+    sentence = (
+        f"{verdict}: Tandem RL minus GRPO {f(e['value'])}, 95% interval [{f(lo)}, {f(hi)}] "
+        f"(p = {difference_p:.2g}); 90% interval [{f(lo90)}, {f(hi90)}] against ±{m:g} "
+        f"(equivalence p = {tost:.2g})."
+    )
+    return Reading(
+        metric, verdict, sentence, e["value"], lo, hi, p, primary, mde, effect, source, seeds
+    )
+
+
+def _verdict(
+    claim: Claim, metric: str, lo: float, hi: float, lo90: float, hi90: float, m: float
+) -> tuple[str, bool]:
+    """The short verdict and whether it rests on the primary test."""
+    inside = -m < lo90 and hi90 < m
+    clear = lo > 0 or hi < 0
+    if claim.on_par:
+        if inside:
+            return f"On par within ±{m:g}" + (" (the arms differ, by less)" if clear else ""), True
+        if clear:
+            return f"{NOT_ON_PAR}: the arms differ", False
+        return f"Undecided: {NO_DIFFERENCE.lower()}, not shown on par within ±{m:g}", False
+    if clear:
+        better = (lo > 0) == (metric in HIGHER_IS_BETTER)
+        return (REPRODUCES if better else OPPOSITE), True
+    if inside:
+        return f"Equivalent within ±{m:g}: no effect as large as the margin", False
+    return f"{NO_DIFFERENCE} (undecided: the interval reaches beyond ±{m:g})", False
+
+
+def _no_interval(metric: str, value: float, margin: Margin) -> Reading:
+    sentence = f"No interval: too few seeds (Tandem RL minus GRPO {value:+.4g})."
+    nan = math.nan
+    return Reading(metric, "No interval", sentence, value, nan, nan, nan, False, nan, nan, "", 0)
+
+
+def holm(ps: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (NaN stays NaN and is not counted)."""
+    order = sorted((p, i) for i, p in enumerate(ps) if not math.isnan(p))
+    out = [math.nan] * len(ps)
+    running, m = 0.0, len(order)
+    for rank, (p, i) in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p))
+        out[i] = running
+    return out
+
+
+def after_holm(reading: Reading, adjusted: float) -> str:
+    """Whether a verdict that rests on the primary test holds after Holm's correction."""
+    if not reading.primary or math.isnan(adjusted):
+        return "-"
+    return f"{'holds' if adjusted < 0.05 else 'not after Holm'} (p adj. {adjusted:.2g})"
 
 
 def t_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
@@ -109,7 +248,7 @@ def t_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, flo
 def difference_interval(
     a: Sequence[float], b: Sequence[float], level: float = 0.95
 ) -> tuple[float, float, float]:
-    """Mean of ``a`` minus mean of ``b`` with Welch's t-interval."""
+    """Mean of ``a`` minus mean of ``b`` with Welch's t-interval (seed level only)."""
     from scipy import stats
 
     if len(a) < 2 or len(b) < 2:
@@ -118,147 +257,6 @@ def difference_interval(
     result = stats.ttest_ind(a, b, equal_var=False)
     ci = result.confidence_interval(level)
     return sum(a) / len(a) - sum(b) / len(b), float(ci.low), float(ci.high)
-
-
-def verdict(
-    claim: Claim, metric: str, trl: Sequence[float], grpo: Sequence[float], margin: float = MARGIN
-) -> str:
-    """A plain sentence on one metric of a claim, from each arm's per-seed values.
-
-    Args:
-        claim: the claim the metric belongs to.
-        metric: the metric's name.
-        trl, grpo: one value per seed of each arm (``grpo`` unused for Tandem RL's own
-            measurements against GRPO, ``pulled_back`` and ``pullback_rho``).
-        margin: the equivalence margin of an "on par" claim, in the metric's units.
-    """
-    if metric == "pulled_back":
-        return reference_verdict(trl, 0.5, True, "{:.0%}", SHARE)
-    if metric == "pullback_rho":
-        return reference_verdict(trl, 0.0, False, "{:+.3f}", CORRELATION)
-    if not trl or not grpo:
-        return "Not measured: an arm has no finished runs."
-    if claim.on_par:
-        return equivalence_verdict(trl, grpo, margin)
-    return direction_verdict(trl, grpo, metric in HIGHER_IS_BETTER)
-
-
-def direction_verdict(trl: Sequence[float], grpo: Sequence[float], higher_is_better: bool) -> str:
-    """Is Tandem RL better than GRPO: the 95% Welch interval of the difference against zero."""
-    diff, lo, hi = difference_interval(trl, grpo)
-    what = f"Tandem RL minus GRPO {diff:+.3f}"
-    if math.isnan(lo):
-        side = _side(diff, higher_is_better)
-        return f"No interval with one seed per arm: {what} ({side})."
-    interval = f"95% interval [{lo:+.3f}, {hi:+.3f}]"
-    if lo <= 0 <= hi:
-        return f"No detectable difference: {what}, {interval} contains zero."
-    if (lo > 0) == higher_is_better:
-        return f"Reproduces: {what}, {interval} clear of zero in the paper's direction."
-    return f"Opposite direction (interval clear of zero): {what}, {interval}."
-
-
-def equivalence_verdict(trl: Sequence[float], grpo: Sequence[float], margin: float) -> str:
-    """Are the arms on par: TOST at the 5% level, i.e. the 90% Welch interval inside +-margin."""
-    assert margin > 0, f"the equivalence margin ({margin}) must be positive"
-    diff, lo, hi = difference_interval(trl, grpo, level=0.90)
-    bound = f"±{margin:g}"
-    what = f"Tandem RL minus GRPO {diff:+.3f}"
-    if math.isnan(lo):
-        return f"Not shown equivalent within {bound}: one seed per arm gives no interval ({what})."
-    interval = f"90% interval [{lo:+.3f}, {hi:+.3f}]"
-    if -margin < lo and hi < margin:
-        return f"Equivalent within {bound}: {what}, {interval} inside [-{margin:g}, +{margin:g}]."
-    _, lo95, hi95 = difference_interval(trl, grpo)
-    # say whether the arms differ outright, or the seeds are merely too few to show equivalence
-    apart = "the arms differ" if lo95 > 0 or hi95 < 0 else "no detectable difference either"
-    return (
-        f"Not shown equivalent within {bound}: {what}, {interval} reaches beyond {bound} "
-        f"({apart}: 95% interval [{lo95:+.3f}, {hi95:+.3f}])."
-    )
-
-
-def reference_verdict(
-    values: Sequence[float], reference: float, paper_above: bool, fmt: str, describe: str
-) -> str:
-    """Tandem RL's own measurement against a reference: the 95% t-interval of its mean.
-
-    Args:
-        values: one value per seed.
-        reference: what no effect would give.
-        paper_above: whether the paper's direction is above the reference.
-        fmt: format of one value, e.g. ``"{:.0%}"``.
-        describe: the sentence on the mean, with ``{mean}`` formatted by ``fmt``.
-    """
-    if not values:
-        return "Not measured: no seed has both a GRPO and a Tandem RL run."
-    mean, lo, hi = t_interval(values)
-    what = describe.format(mean=fmt.format(mean))
-    ref = "zero" if reference == 0 else fmt.format(reference)
-    if math.isnan(lo):
-        side = "the paper's side" if (mean > reference) == paper_above else "not the paper's side"
-        return f"No interval with one seed: {what} ({side} of {ref})."
-    interval = f"95% interval [{fmt.format(lo)}, {fmt.format(hi)}]"
-    if lo <= reference <= hi:
-        return f"No detectable difference from {ref}: {what}, {interval} contains {ref}."
-    if (lo > reference) == paper_above:
-        return f"Reproduces: {what}, {interval} clear of {ref}."
-    return f"Opposite direction (interval clear of {ref}): {what}, {interval}."
-
-
-def seed_tests(rhos: Sequence[float], ps: Sequence[float], ns: Sequence[float]) -> str:
-    """Each seed's pull-back correlation with its p-value and number of items."""
-    return "; ".join(
-        f"rho {r:+.3f} (p = {p:.2g}, n = {int(n)})" for r, p, n in zip(rhos, ps, ns, strict=True)
-    )
-
-
-def _side(diff: float, higher_is_better: bool) -> str:
-    if diff == 0:
-        return "no difference"
-    return "the paper's direction" if (diff > 0) == higher_is_better else "against the paper's"
-
-
-def seed_pair_differences(values: dict[int, float]) -> list[float]:
-    """``values[i] - values[j]`` for every pair of seeds ``i < j``: the null of one arm."""
-    seeds = sorted(values)
-    return [values[i] - values[j] for n, i in enumerate(seeds) for j in seeds[n + 1 :]]
-
-
-def null_verdict(claim: Claim, metric: str, trl: dict[int, float], grpo: dict[int, float]) -> str:
-    """A plain sentence on one metric read against the GRPO-seed-against-GRPO-seed null.
-
-    Args:
-        claim: the claim the metric belongs to.
-        metric: the metric's name.
-        trl, grpo: each arm's value by seed.
-    """
-    pairs = seed_pair_differences(grpo)
-    if not trl or not pairs:
-        return "No null: the study needs Tandem RL runs and at least two GRPO seeds."
-    m = max(abs(d) for d in pairs)
-    null = f"the null's spread ±{m:.3f} (the largest of {len(pairs)} GRPO seed pair differences)"
-    level = 0.90 if claim.on_par else 0.95
-    diff, lo, hi = difference_interval(list(trl.values()), list(grpo.values()), level)
-    what = f"Tandem RL minus GRPO {diff:+.3f}"
-    if math.isnan(lo):
-        return f"No interval with one Tandem RL seed: {what}, against {null}."
-    interval = f"{level:.0%} interval [{lo:+.3f}, {hi:+.3f}]"
-    if claim.on_par:
-        if -m < lo and hi < m:
-            return f"On par against the null: {what}, {interval} inside {null}."
-        return f"Not shown on par against the null: {what}, {interval} reaches beyond {null}."
-    sign = 1 if metric in HIGHER_IS_BETTER else -1
-    if (lo > m) if sign > 0 else (hi < -m):
-        return f"Reproduces against the null: {what}, {interval} clear of {null}."
-    if (hi < -m) if sign > 0 else (lo > m):
-        return f"Opposite direction beyond the null: {what}, {interval} clear of {null}."
-    if lo > 0 or hi < 0:
-        return (
-            f"Within the null: {what}, {interval} is clear of zero but not of {null}: two GRPO "
-            "seeds differ by as much."
-        )
-    return f"No detectable difference: {what}, {interval} contains zero ({null})."
 
 
 def reading(sentence: str) -> str:

@@ -21,18 +21,13 @@ negligible probability (1e-12 -> 1e-9 is a large log shift that changes no sampl
 
 Every Spearman correlation is ``scipy.stats.spearmanr``'s (ranks average over ties).
 
-**The null.** The share and the paper's correlation come out "pulled back" for shifts that have
-nothing to do with each other: the N items are chosen for a large ``|grpo - base|``, so any
-other model's shift on them is smaller on average (regression to the mean), and ``grpo - base``
-enters ``trl - grpo`` with a minus sign. A second GRPO seed in TRL's place reads as pulled back
-too. So each pair of models is also read with the roles swapped (``swapped``: the share of
-TRL's most moved items that GRPO leaves closer to the base, and the correlation over them), and
-the pull-back is the **asymmetry**, the statistic minus its swapped value: zero in expectation
-for two shifts drawn alike (two seeds of one arm, or two unrelated shifts of one size), large for
-a TRL that moves GRPO's items the same way but less. The study computes every statistic also for
-GRPO seed against GRPO seed (``pullback_against_null``): a pull-back is read only where TRL's
-asymmetry is clear of the spread of GRPO's own. ``spearman_top`` stays the informative raw
-figure: near 1 when the two methods move the displaced items the same way, near 0 when not.
+**What these statistics cannot say.** The share and the paper's correlation come out "pulled
+back" for shifts that have nothing to do with each other: the N items are chosen for a large
+``|grpo - base|``, so any other model's shift on them is smaller on average (regression to the
+mean), and ``grpo - base`` enters ``trl - grpo`` with a minus sign; a model that drifts less
+everywhere, an unrelated shift and a second GRPO seed all read as pulled back. They stay as the
+paper's figures, without a verdict; ``tandem.analysis.pullback`` is the statistic the study
+reads (held-out items, slopes in units of each model's own drift).
 
 What this file leaves out: sampling the texts (``tandem.evaluate``) and plotting.
 """
@@ -215,113 +210,3 @@ def spearman_test(x: Tensor, y: Tensor) -> tuple[float, float]:
         return math.nan, math.nan
     result = stats.spearmanr(x.double().cpu().numpy(), y.double().cpu().numpy())
     return float(result.statistic), float(result.pvalue)
-
-
-# the statistics that are read both ways, and the direction a pull-back moves each: the share
-# up (more of GRPO's items closer to the base), the correlation down (more negative)
-ASYMMETRIC = {"pulled_back": +1, "pullback_rho": -1}
-PULLBACK = "pull-back beyond the null"
-NO_PULLBACK = "no pull-back beyond the null"
-PUSHED_AWAY = "pushed away beyond the null"
-UNDECIDED = "undecided"
-
-
-def pair_statistics(base: Tensor, a: Tensor, b: Tensor, top: int = 500) -> dict[str, float]:
-    """The statistics of ``b`` against ``a`` over ``a``'s most displaced items (``a`` in GRPO's
-    place), the share and the correlation with the roles swapped (``<key>_swapped``: ``a``
-    against ``b`` over ``b``'s items), and their difference (``<key>_asymmetry``)."""
-    forward = displacement(base, a, b, top)
-    swapped = displacement(base, b, a, top)
-    out = {
-        "pulled_back": forward.pulled_back,
-        "pullback_rho": forward.pullback_rho,
-        "pullback_p": forward.pullback_p,
-        "pullback_n": float(forward.pullback_n),
-        "spearman_top": forward.spearman_top,
-        "spearman_all": forward.spearman_all,
-    }
-    for key in ASYMMETRIC:
-        out[f"{key}_swapped"] = getattr(swapped, key)
-        out[f"{key}_asymmetry"] = out[key] - out[f"{key}_swapped"]
-    return out
-
-
-@dataclass(frozen=True)
-class NullReading:
-    """One pull-back statistic of an arm read against the GRPO-seed-against-GRPO-seed null.
-
-    Attributes:
-        key: ``pulled_back`` or ``pullback_rho``.
-        arm, null: the paper's figure, mean over the arm's seeds / over the ordered GRPO pairs.
-        difference: arm minus null with Welch's 95% interval (``lo``, ``hi``; NaN: too few).
-        asymmetry: the arm's mean asymmetry with its 95% t-interval over seeds.
-        spread: the lowest and highest asymmetry of the null's pairs.
-        verdict: ``PULLBACK``, ``NO_PULLBACK``, ``PUSHED_AWAY`` or ``UNDECIDED`` (one seed, or
-            no null pair).
-    """
-
-    key: str
-    arm: float
-    null: float
-    difference: tuple[float, float, float]
-    asymmetry: tuple[float, float, float]
-    spread: tuple[float, float]
-    verdict: str
-
-    def sentence(self, fmt: str = "{:+.3f}") -> str:
-        """The reading in one sentence, every figure with its interval."""
-        f = fmt.format
-        d, dlo, dhi = self.difference
-        a, alo, ahi = self.asymmetry
-        diff = f"{f(d)}" + ("" if math.isnan(dlo) else f" [{f(dlo)}, {f(dhi)}]")
-        asym = f"{f(a)}" + ("" if math.isnan(alo) else f" [{f(alo)}, {f(ahi)}]")
-        return (
-            f"{self.verdict}: paper's figure {f(self.arm)} against the null's {f(self.null)} "
-            f"(difference {diff}); asymmetry {asym} against the null's spread "
-            f"[{f(self.spread[0])}, {f(self.spread[1])}]."
-        )
-
-
-def pullback_against_null(
-    arm: Sequence[dict[str, float]], null: Sequence[dict[str, float]], key: str
-) -> NullReading:
-    """Read one statistic (``key`` of ``ASYMMETRIC``) of an arm's seeds (``pair_statistics`` of
-    each seed's GRPO senior against the arm's) against the null's (the same for each ordered
-    pair of GRPO seeds).
-
-    A pull-back is read only where the 95% t-interval of the arm's mean asymmetry lies wholly
-    beyond the null's spread in the pull-back direction (``ASYMMETRIC``): the arm must differ
-    from GRPO by more than any two GRPO seeds differ from each other. Wholly beyond on the other
-    side reads as pushed away; anything else as no pull-back beyond the null.
-    """
-    from tandem.analysis.claims import difference_interval, t_interval
-
-    if key not in ASYMMETRIC:
-        raise ValueError(
-            f"key ({key!r}) must be one of {sorted(ASYMMETRIC)}: the statistics read both ways."
-        )
-    raw = [s[key] for s in arm]
-    raw_null = [s[key] for s in null]
-    asym = [s[f"{key}_asymmetry"] for s in arm]
-    asym_null = [s[f"{key}_asymmetry"] for s in null]
-    nan = (math.nan, math.nan, math.nan)
-    if not asym or not asym_null:
-        spread = (math.nan, math.nan)
-        mean = lambda v: sum(v) / len(v) if v else math.nan  # noqa: E731
-        return NullReading(key, mean(raw), mean(raw_null), nan, nan, spread, UNDECIDED)
-    spread = (min(asym_null), max(asym_null))
-    interval = t_interval(asym)
-    _, lo, hi = interval
-    sign = ASYMMETRIC[key]
-    if math.isnan(lo):
-        verdict = UNDECIDED
-    elif (lo > spread[1]) if sign > 0 else (hi < spread[0]):
-        verdict = PULLBACK
-    elif (hi < spread[0]) if sign > 0 else (lo > spread[1]):
-        verdict = PUSHED_AWAY
-    else:
-        verdict = NO_PULLBACK
-    arm_mean, null_mean = sum(raw) / len(raw), sum(raw_null) / len(raw_null)
-    return NullReading(
-        key, arm_mean, null_mean, difference_interval(raw, raw_null), interval, spread, verdict
-    )

@@ -4,35 +4,29 @@ Reads every finished run under a sweep folder (``multirun/tiny_world`` by defaul
 ``python -m tandem.train --config-name reproduce``), evaluates each run's senior (by default the
 checkpoint validation selected, ``checkpoint: selected``; ``last``: the last step's) and the
 base once with ``tandem.evaluate`` (skipping evaluations already on disk, so an interrupted
-study resumes), runs the displacement analysis per seed, and writes a Markdown page with one
-table per claim: each arm's mean and 95% t-interval over seeds, the paper's figure beside it,
-and a verdict per metric (``tandem.analysis.claims``: a directional claim reproduces when the
-interval of the difference is clear of zero the paper's way; "on par" is an equivalence test
-within ``--margin``).
+study resumes), measures what the page needs (``tandem.analysis.measure``: per-problem summaries
+of every evaluation and the pull-back of every run against every GRPO seed), writes those inputs
+to ``docs/results/data/<page>/`` (kilobytes, committed with the page: ``tandem.analysis.inputs``)
+and renders the page from them (``tandem.analysis.page``).
+
+``python -m tandem.analysis.study --from-results docs/results/data/<page>`` renders the page
+from its committed inputs alone, with no run on disk: byte for byte the page the measuring run
+wrote.
 
 The claims (Tandem RL, ``trl``, against vanilla GRPO, ``grpo``, and GRPO with a KL penalty
-toward the junior, ``kl_reg``):
-
-1. solo accuracy on par with GRPO;
-2. better accuracy when the senior hands off to the junior under the reasoning-step schedule;
-3. lower drift from the base (KL per token), and most of the tokens GRPO displaced most pulled
-   back toward the base (the share, and the Spearman correlation of GRPO's displacement with
-   Tandem RL's shift from GRPO);
-4. higher legibility to the junior (lower junior cross-entropy, higher overlap).
-
-Every Tandem-RL-minus-GRPO figure is also read against a null, GRPO seed minus GRPO seed over
-the pairs of GRPO seeds the study has (``tandem.analysis.claims.null_verdict``; the displacement
-analysis of every GRPO seed against every other, ``tandem.analysis.displacement``), and the page
-gives each claim's verdict before and after the null. Beside the seed-level intervals, a paired
-bootstrap over problems and each arm's coverage (``tandem.analysis.problems``).
+toward the junior, ``kl_reg``): 1. solo accuracy on par with GRPO; 2. better accuracy when the
+senior hands off to the junior under the reasoning-step schedule; 3. lower drift from the base
+(KL per token) and the items GRPO displaced most pulled back toward the base; 4. higher
+legibility to the junior (lower junior cross-entropy, higher overlap). How each is read:
+``tandem.analysis.claims``, from one model of seed and problem variance
+(``tandem.analysis.mixed``), with margins stated in ``conf/study/<name>.yaml`` before the data.
 
 A study with ``compare`` (``conf/study/notation.yaml``: ``compare: tiny``) also sets GRPO's drift
-from the base (KL, the junior's cross-entropy, the drop from solo to handoff accuracy) against the
-other study's world, with Welch's interval of the difference: can this world tell?
+from the base against the other study's world, read from that study's committed inputs at the
+same checkpoint.
 
 A run is finished when its exported senior (``<run>/senior/config.json``, the last step's)
-exists; a run with no selected checkpoint is evaluated at its last step, with a warning. Every
-figure on the page comes from the runs it names.
+exists; a run with no selected checkpoint is evaluated at its last step, with a warning.
 
 What this file leaves out: training (``tandem.train``) and the metrics (``tandem.evaluation``).
 """
@@ -54,13 +48,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from tandem.analysis.claims import MARGIN
-from tandem.analysis.page import (  # noqa: F401  (the page's parts, as they were reached here)
-    curves_section,
-    drift_section,
-    render,
-    validation_curves,
-)
+from tandem.provenance import record_start
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +74,11 @@ class Study:
         describes: what the evaluation is, in a sentence for the page.
         compare: another study (a ``conf/study`` name) whose GRPO runs this one's GRPO drift is
             set against, on the page (None: none).
+        margins: per claim metric, its equivalence margin in the metric's units and the
+            reason for its size (``{metric: {margin, reason}}``), stated before the data.
+        top_share: the share of the vocabulary that is "most displaced" (the pull-back).
+        name: the study's name (its ``conf/study`` file).
+        data: where the page's inputs go (default ``docs/results/data/<page's stem>``).
     """
 
     title: str
@@ -98,6 +91,10 @@ class Study:
     eval: tuple[str, ...] = ()
     describes: str = ""
     compare: str | None = None
+    margins: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    top_share: float = 0.05
+    name: str = "tiny"
+    data: Path | None = None
 
     def __post_init__(self) -> None:
         if self.checkpoint not in CHECKPOINTS:
@@ -107,6 +104,27 @@ class Study:
             )
         if not self.sets:
             raise ValueError("sets names no eval set: the claims need at least one.")
+        from tandem.analysis.claims import METRICS, Margin
+
+        missing = [m for m in METRICS if m not in self.margins]
+        if missing:
+            raise ValueError(
+                f"margins lacks {missing}: state each claim metric's equivalence margin and its "
+                "reason (margins.<metric>: {margin: ..., reason: ...}) before reading the data."
+            )
+        for metric, spec in self.margins.items():
+            try:
+                Margin(**spec)
+            except (TypeError, ValueError) as e:
+                raise ValueError(
+                    f"margins.{metric} ({spec!r}) is not a margin: {e} Give a positive margin "
+                    "in the metric's units and its reason: {margin: 0.02, reason: ...}."
+                ) from None
+
+    @property
+    def inputs(self) -> Path:
+        """The folder of the page's committed inputs."""
+        return self.data or Path("docs/results/data") / self.out.stem
 
     @classmethod
     def load(cls, name: str) -> Study:
@@ -116,7 +134,9 @@ class Study:
             known = sorted(p.stem for p in (CONF / "study").glob("*.yaml"))
             raise FileNotFoundError(f"no study {name!r}: the studies are {known}.")
         spec = OmegaConf.to_container(OmegaConf.load(path))
-        spec.update(runs=Path(spec["runs"]), out=Path(spec["out"]))
+        spec.update(runs=Path(spec["runs"]), out=Path(spec["out"]), name=name)
+        if spec.get("data"):
+            spec["data"] = Path(spec["data"])
         return cls(**{**spec, "sets": tuple(spec["sets"]), "eval": tuple(spec.get("eval", ()))})
 
     def overrides(self, extra: Sequence[str] = ()) -> list[str]:
@@ -217,133 +237,31 @@ def _evaluate_locked(senior: str, out: Path, overrides: Sequence[str]) -> dict[s
         )
     started = time.perf_counter()
     run_evaluation(cfg)
+    record_start(staging, 0, evaluation=list(overrides))  # the commit it was evaluated at
     staging.rename(out)
     log.info("evaluated %s in %.0f s", senior, time.perf_counter() - started)
     return json.loads(done.read_text())
 
 
-def displacement_for_seed(
-    base: str,
-    grpo: Path,
-    others: dict[Path, Path],
-    texts: Sequence[Path],
-    top: int = 500,
-) -> dict[Path, dict[str, float]]:
-    """Per run folder of ``others`` (run -> its evaluated senior; the seed's other arms and the
-    other GRPO seeds, the null): ``pair_statistics`` against the ``grpo`` senior on ``texts``
-    (the GRPO senior's own solo outputs, one file per eval set), by run folder.
-
-    The base's and the GRPO senior's mean probabilities are computed once for all the other
-    arms of the seed, and at most two models are loaded at a time.
-    """
-    from tandem.analysis.displacement import (
-        mean_probabilities,
-        pair_statistics,
-        records_to_tensors,
-    )
-    from tandem.evaluation.records import read_records
-    from tandem.modules.models import load_causal_lm
-
-    records = [r for path in texts for r in read_records(path) if r["mode"] == "solo"]
-    tensors = records_to_tensors(records)
-
-    def means(paths: Sequence[str | Path]) -> tuple[Any, int]:
-        models = [load_causal_lm(str(p)).eval() for p in paths]
-        return mean_probabilities(models, *tensors)
-
-    (base_means, grpo_means), count = means([base, grpo])
-    found = {}
-    for folder, senior in others.items():
-        (run_means,), _ = means([senior])
-        found[folder] = pair_statistics(base_means, grpo_means, run_means, top)
-        found[folder]["positions"] = float(count)
-    return found
-
-
-def collect(
-    study: Study, overrides: Sequence[str] = (), pullback: bool = True
-) -> tuple[dict[str, dict[str, list[float]]], dict[str, Any], list[Run]]:
-    """Evaluate everything needed; returns ``values[arm][metric] -> per-seed list``, the base's
-    table and the runs used. ``pullback``: also the displacement analysis per seed (claim 3)."""
-    root, base = study.runs, study.base
-    runs, unfinished = find_runs(root)
-    for folder in unfinished:
-        log.warning("skipping %s: not finished (no exported senior yet)", folder)
-    if not runs:
-        raise FileNotFoundError(
-            f"no finished training run under {root}: run python -m tandem.train "
-            "--config-name reproduce first (or pass the folder of your sweep)."
-        )
-    overrides = study.overrides(overrides)
-    base_results = evaluate(base, root / "eval_base", overrides)
-    values: dict[str, dict[str, list[float]]] = {}
-    seniors: dict[Path, Path] = {}
-    folders: dict[Path, Path] = {}
-    for run in runs:
-        source, seniors[run.path], folders[run.path] = run.evaluated(study.checkpoint)
-        results = evaluate(source, folders[run.path], overrides)
-        arm = values.setdefault(run.arm, {})
-        for key, value in flatten(results, study).items():
-            arm.setdefault(key, []).append(value)
-        arm.setdefault("seed", []).append(float(run.seed))
-    grpo_by_seed = {r.seed: r for r in runs if r.arm == "grpo"} if pullback else {}
-    for seed, grpo in sorted(grpo_by_seed.items()):
-        # the seed's other arms, and every other GRPO seed: the null
-        others = [r for r in runs if r.seed == seed and r.arm != "grpo"]
-        others += [g for s, g in sorted(grpo_by_seed.items()) if s != seed]
-        cache = folders[grpo.path] / "displacement.json"
-        found = json.loads(cache.read_text()) if cache.is_file() else {}
-        pending = {r.path: seniors[r.path] for r in others if not _cached(found, r.path.name)}
-        if pending:
-            generations = folders[grpo.path] / "generations"
-            texts = [generations / f"{s}.jsonl" for s in study.sets]
-            measured = displacement_for_seed(base, seniors[grpo.path], pending, texts)
-            found.update({folder.name: stats for folder, stats in measured.items()})
-            cache.write_text(json.dumps(found, indent=2) + "\n")
-        for run in others:
-            prefix = "null/" if run.arm == "grpo" else ""
-            for key, value in found[run.path.name].items():
-                values.setdefault(run.arm, {}).setdefault(prefix + key, []).append(value)
-    return values, flatten(base_results, study), runs
-
-
-def _cached(found: dict[str, Any], name: str) -> bool:
-    """A displacement result of run ``name`` with every field the page reads (older ones lack
-    the role-swapped statistics and are redone)."""
-    return "pulled_back_asymmetry" in found.get(name, {})
-
-
-def flatten(results: dict[str, Any], study: Study) -> dict[str, float]:
-    """``results.json`` as one table: each metric's mean over the study's sets (the paper's
-    macro mean; the set's own value for one set), the greedy set's under ``greedy/``."""
-    tables = [results["sets"].get(name, {}) for name in study.sets]
-    shared = set.intersection(*(set(t) for t in tables))
-    out = {k: sum(float(t[k]) for t in tables) / len(tables) for k in sorted(shared)}
-    for key, value in results["sets"].get(study.greedy, {}).items():
-        out[f"greedy/{key}"] = float(value)
-    return out
-
-
-def against(study: Study, values: dict, overrides: Sequence[str]) -> list[str]:
-    """The section setting GRPO's drift against the ``compare`` study's world (evaluating its
-    runs where they are not yet), or a line saying why it could not."""
-    if not study.compare:
-        return []
-    other = dataclasses.replace(Study.load(study.compare), checkpoint=study.checkpoint)
-    try:
-        theirs, _, _ = collect(other, overrides, pullback=False)
-    except FileNotFoundError as e:
-        return [f"## GRPO's drift here and in `{other.runs}`", "", f"Not measured: {e}", ""]
-    return drift_section(values, theirs, study, other)
-
-
-def main(argv: list[str] | None = None) -> Path:
+def command_line() -> argparse.ArgumentParser:
+    """The study's command line."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="?", type=Path, help="sweep folder (default: the study's)")
     parser.add_argument(
         "--study", default="tiny", help="conf/study/<name>.yaml: tiny (default), notation or paper"
     )
+    parser.add_argument(
+        "--from-results",
+        type=Path,
+        metavar="FOLDER",
+        help="render the page from its committed inputs (docs/results/data/<page>) alone",
+    )
     parser.add_argument("--out", type=Path, help="the page (default: the study's)")
+    parser.add_argument(
+        "--data",
+        type=Path,
+        help="where the page's inputs go (default: docs/results/data/<page's stem>)",
+    )
     parser.add_argument("--base", help="the base the runs started from (default: the study's)")
     parser.add_argument(
         "--checkpoint", choices=CHECKPOINTS, help="which senior of each run (default: the study's)"
@@ -351,13 +269,7 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument(
         "--compare",
         help="the study whose GRPO drift this one's is set against (default: the study's "
-        "compare; none: no such section, which saves evaluating the other world's runs)",
-    )
-    parser.add_argument(
-        "--margin",
-        type=float,
-        default=MARGIN,
-        help="equivalence margin of the on-par claim, in absolute accuracy (default %(default)s)",
+        "compare; none: no such section)",
     )
     parser.add_argument(
         "--eval",
@@ -366,22 +278,38 @@ def main(argv: list[str] | None = None) -> Path:
         metavar="KEY=VALUE",
         help="a tandem.evaluate override, e.g. --eval eval.tiny.limit=100 (repeatable)",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> Path:
+    parser = command_line()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    from tandem.analysis.measure import measure, render_folder
+
+    if args.from_results is not None:
+        try:
+            out = render_folder(args.from_results)
+        except FileNotFoundError as e:
+            parser.error(str(e))
+        print(f"wrote {out}")
+        return out
     study = Study.load(args.study)
     given = {"runs": args.runs, "out": args.out, "base": args.base, "checkpoint": args.checkpoint}
+    given["data"] = args.data
     study = dataclasses.replace(study, **{k: v for k, v in given.items() if v is not None})
     if args.compare is not None:
         study = dataclasses.replace(study, compare=None if args.compare == "none" else args.compare)
-    values, base, runs = collect(study, args.eval)
-    compared = against(study, values, args.eval)
     command = " ".join(
         ["python -m tandem.analysis.study", *(sys.argv[1:] if argv is None else argv)]
     )
-    study.out.parent.mkdir(parents=True, exist_ok=True)
-    study.out.write_text(render(values, base, runs, study, command, args.margin, compared))
-    print(f"wrote {study.out}")
-    return study.out
+    try:
+        measure(study, args.eval, command)
+    except FileNotFoundError as e:
+        parser.error(str(e))
+    out = render_folder(study.inputs)
+    print(f"wrote {out}")
+    return out
 
 
 if __name__ == "__main__":

@@ -1,20 +1,32 @@
-"""Judging the claims: intervals and the wording of every kind of verdict."""
+"""Reading a claim's metric from one interval: every kind of verdict, its wording, the margins,
+the minimal detectable effect, seeds needed and Holm's correction."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from tandem.analysis.claims import (
     CLAIMS,
+    Margin,
+    after_holm,
     difference_interval,
-    equivalence_verdict,
+    holm,
+    paper_difference,
+    read,
     t_interval,
-    verdict,
 )
+from tandem.analysis.mixed import Arm, difference
 
 ON_PAR, HANDOFF, DRIFT, LEGIBILITY = CLAIMS
+TWO = Margin(0.02, "two points")
+
+
+def seeds(trl: list[float], grpo: list[float]):
+    """Tandem RL minus GRPO from per-seed figures alone (no problem level)."""
+    return difference([Arm(np.array([trl])), Arm(np.array([grpo]))], [1, -1])
 
 
 def test_t_interval_matches_the_textbook() -> None:
@@ -24,92 +36,76 @@ def test_t_interval_matches_the_textbook() -> None:
     assert math.isnan(t_interval([0.5])[1])
 
 
-def test_difference_interval_is_welchs() -> None:
+def test_without_a_problem_level_the_interval_is_welchs() -> None:
+    trl, grpo = [1.0, 2.0, 3.0], [0.0, 1.0, 2.0]
+    diff, lo, hi = difference_interval(trl, grpo)
+    got_lo, got_hi = seeds(trl, grpo).interval()
+    assert float(got_lo[0]) == pytest.approx(lo) and float(got_hi[0]) == pytest.approx(hi)
     # equal variances 1 and sizes 3: se sqrt(2/3), df 4, t(0.975, 4) = 2.7764
-    diff, lo, hi = difference_interval([1.0, 2.0, 3.0], [0.0, 1.0, 2.0])
-    assert diff == pytest.approx(1.0)
     assert hi - diff == pytest.approx(2.7764 * math.sqrt(2 / 3), abs=1e-3)
-    assert diff - lo == pytest.approx(hi - diff)
 
 
-def test_an_interval_containing_zero_is_no_detectable_difference_whichever_way() -> None:
-    # the paper's direction (higher overlap) and the other one: neither is a finding
-    for trl, grpo in (
-        ([0.92, 0.95, 0.85], [0.85, 0.9, 0.95]),
-        ([0.85, 0.9, 0.95], [0.92, 0.95, 0.85]),
-    ):
-        said = verdict(LEGIBILITY, "legibility/overlap", trl, grpo)
-        assert said.startswith("No detectable difference"), said
-        assert "contains zero" in said and "other way" not in said
-
-
-def test_an_interval_clear_of_zero_reproduces_or_goes_the_opposite_way() -> None:
-    said = verdict(HANDOFF, "handoff/pass@1", [0.6, 0.61, 0.62], [0.5, 0.5, 0.51])
-    assert said.startswith("Reproduces: Tandem RL minus GRPO +0.107"), said
+def test_a_better_than_claim_reproduces_goes_the_other_way_or_is_undecided() -> None:
+    said = read(HANDOFF, "handoff/pass@1", seeds([0.6, 0.61, 0.62], [0.5, 0.5, 0.51]), TWO)
+    assert said.verdict == "Reproduces" and said.primary
+    assert said.sentence.startswith("Reproduces: Tandem RL minus GRPO +0.107, 95% interval")
     # lower is better for drift: a higher KL clear of zero is the opposite direction
-    said = verdict(DRIFT, "drift/kl", [0.03, 0.031, 0.03], [0.02, 0.021, 0.02])
-    assert said.startswith("Opposite direction (interval clear of zero)"), said
-    said = verdict(DRIFT, "drift/kl", [0.02, 0.021, 0.02], [0.03, 0.031, 0.03])
-    assert said.startswith("Reproduces"), said
+    kl = Margin(0.004, "the paper's")
+    said = read(DRIFT, "drift/kl", seeds([0.03, 0.031, 0.03], [0.02, 0.021, 0.02]), kl)
+    assert said.verdict == "Opposite direction"
+    # an interval holding zero and reaching past the margin: undecided, never "the same"
+    said = read(HANDOFF, "handoff/pass@1", seeds([0.5, 0.6, 0.55], [0.55, 0.5, 0.6]), TWO)
+    assert said.verdict.startswith("No detectable difference (undecided")
+    assert not said.primary and "same" not in said.sentence
 
 
-def test_on_par_is_equivalence_within_the_stated_margin() -> None:
+def test_a_tight_interval_inside_the_margin_is_equivalent_not_undecided() -> None:
+    said = read(HANDOFF, "handoff/pass@1", seeds([0.5, 0.502, 0.501], [0.501, 0.5, 0.502]), TWO)
+    assert said.verdict == "Equivalent within ±0.02: no effect as large as the margin"
+
+
+def test_on_par_is_an_equivalence_test_at_the_stated_margin() -> None:
     trl, grpo = [0.5, 0.52, 0.51], [0.5, 0.51, 0.52]
     # difference 0; 90% Welch half-width t(0.95, 4) * sqrt(2 * 1e-4 / 3) = 2.132 * 0.00816
-    said = verdict(ON_PAR, "solo/pass@1", trl, grpo, margin=0.02)
-    assert said.startswith("Equivalent within ±0.02"), said
-    assert "90% interval [-0.017, +0.017]" in said
-    # the same seeds cannot show equivalence within a margin narrower than the interval
-    said = verdict(ON_PAR, "solo/pass@1", trl, grpo, margin=0.01)
-    assert said.startswith("Not shown equivalent within ±0.01"), said
-    assert "no detectable difference either" in said
-    # arms far apart: not equivalent, and they differ
-    said = verdict(ON_PAR, "solo/pass@1", [0.9, 0.91, 0.9], [0.5, 0.51, 0.5])
-    assert said.startswith("Not shown equivalent within ±0.02") and "the arms differ" in said
-    # one seed per arm gives no interval, so no equivalence
-    assert equivalence_verdict([0.5], [0.5], 0.02).startswith("Not shown equivalent")
+    said = read(ON_PAR, "solo/pass@1", seeds(trl, grpo), TWO)
+    assert said.verdict == "On par within ±0.02" and said.primary
+    assert "90% interval [-0.017, +0.017] against ±0.02" in said.sentence
+    # the same seeds cannot show equivalence within a narrower margin: undecided
+    said = read(ON_PAR, "solo/pass@1", seeds(trl, grpo), Margin(0.01, "one point"))
+    assert said.verdict.startswith("Undecided: no detectable difference, not shown on par")
+    # arms far apart: not on par
+    said = read(ON_PAR, "solo/pass@1", seeds([0.9, 0.91, 0.9], [0.5, 0.51, 0.5]), TWO)
+    assert said.verdict == "Not on par: the arms differ"
+    # one seed per arm gives no interval, so no verdict
+    said = read(ON_PAR, "solo/pass@1", seeds([0.5], [0.5]), TWO)
+    assert said.verdict == "No interval" and math.isnan(said.p)
 
 
-def test_tandems_own_measurements_are_judged_against_their_reference() -> None:
-    assert verdict(DRIFT, "pulled_back", [0.9, 0.92, 0.88], []).startswith("Reproduces: 90%")
-    said = verdict(DRIFT, "pulled_back", [0.3, 0.4, 0.35], [])
-    assert said.startswith("Opposite direction (interval clear of 50%)"), said
-    said = verdict(DRIFT, "pulled_back", [0.3, 0.7, 0.5], [])
-    assert said.startswith("No detectable difference from 50%"), said
-    said = verdict(DRIFT, "pullback_rho", [-0.6, -0.5, -0.55], [])
-    assert said.startswith("Reproduces: mean Spearman rho -0.550"), said
-    said = verdict(DRIFT, "pullback_rho", [0.6, 0.5, 0.55], [])
-    assert said.startswith("Opposite direction (interval clear of zero)"), said
-    said = verdict(DRIFT, "pullback_rho", [-0.7], [])
-    assert said.startswith("No interval with one seed") and "the paper's side of zero" in said
-    assert verdict(DRIFT, "pulled_back", [], []).startswith("Not measured")
+def test_minimal_detectable_effect_and_seeds_needed() -> None:
+    est = seeds([0.5, 0.52, 0.51], [0.5, 0.51, 0.52])
+    said = read(HANDOFF, "handoff/pass@1", est, TWO)
+    # se 0.00816, df 4: (t(0.975) + t(0.8)) * se = (2.776 + 0.941) * 0.00816
+    assert said.mde == pytest.approx(3.717 * 0.008165, rel=1e-3)
+    # the margin (0.02): (t(0.975) + t(0.8)) * sqrt(2e-4 / n) on 2(n - 1) degrees of freedom
+    # is 3.195 * 0.00632 = 0.0202 at n = 5, 3.107 * 0.00577 = 0.0179 at n = 6
+    assert said.effect == 0.02 and said.effect_from == "the margin" and said.seeds == 6
+    # a claim with the paper's figures is planned for the paper's difference
+    kl = read(DRIFT, "drift/kl", seeds([0.02, 0.021, 0.02], [0.02, 0.021, 0.02]), TWO)
+    assert kl.effect == pytest.approx(0.004) and kl.effect_from == "the paper"
+    assert paper_difference("drift/kl") == pytest.approx(-0.004)
+    assert paper_difference("handoff/pass@1") is None
 
 
-def test_a_claim_is_read_against_the_seed_to_seed_null() -> None:
-    from tandem.analysis.claims import null_verdict, reading, seed_pair_differences
+def test_holm_adjusts_step_down() -> None:
+    # sorted 0.01, 0.02, 0.04 of 3: 0.03, max(0.03, 0.04), max(0.04, 0.04)
+    assert holm([0.04, 0.01, 0.02]) == pytest.approx([0.04, 0.03, 0.04])
+    assert holm([0.5, math.nan, 0.001])[1] != holm([0.5, math.nan, 0.001])[1]  # NaN stays
+    assert holm([0.5, math.nan, 0.001])[2] == pytest.approx(0.002)
+    said = read(HANDOFF, "handoff/pass@1", seeds([0.6, 0.61, 0.62], [0.5, 0.5, 0.51]), TWO)
+    assert after_holm(said, 0.01).startswith("holds")
+    assert after_holm(said, 0.2).startswith("not after Holm")
 
-    drift, handoff, solo = CLAIMS[2], CLAIMS[1], CLAIMS[0]
-    grpo = {0: 0.020, 1: 0.030, 2: 0.025}
-    assert seed_pair_differences(grpo) == pytest.approx([-0.010, -0.005, 0.005])
-    # lower drift, clear of zero but by less than two GRPO seeds differ: within the null
-    trl = {0: 0.011, 1: 0.012, 2: 0.013}
-    assert verdict(drift, "drift/kl", list(trl.values()), list(grpo.values())).startswith(
-        "Reproduces"
-    )
-    assert reading(null_verdict(drift, "drift/kl", trl, grpo)) == "Within the null"
-    # far lower: beyond the null's spread
-    low = {0: 0.001, 1: 0.002, 2: 0.0015}
-    assert reading(null_verdict(drift, "drift/kl", low, grpo)) == "Reproduces against the null"
-    high = {0: 0.06, 1: 0.061, 2: 0.062}
-    assert reading(null_verdict(drift, "drift/kl", high, grpo)).startswith("Opposite")
-    # higher is better for handoff accuracy
-    better = {0: 0.5, 1: 0.51, 2: 0.52}
-    acc = {0: 0.30, 1: 0.31, 2: 0.32}
-    assert "against the null" in null_verdict(handoff, "handoff/pass@1", better, acc)
-    # on par: the 90% interval inside the null's spread
-    wide = {0: 0.30, 1: 0.36, 2: 0.33}
-    assert reading(null_verdict(solo, "solo/pass@1", {0: 0.33, 1: 0.32, 2: 0.34}, wide)) == (
-        "On par against the null"
-    )
-    assert reading(null_verdict(solo, "solo/pass@1", better, acc)).startswith("Not shown")
-    assert reading(null_verdict(drift, "drift/kl", trl, {0: 0.02})) == "No null"
+
+def test_a_margin_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="positive"):
+        Margin(0.0, "none")

@@ -5,8 +5,9 @@ The tiny model stands in for Qwen3-4B and local copies of DeepScaleR and the fiv
 sources, in each hub dataset's own layout, stand in for the hub (``tests/paper_data.py``).
 ``python -m tandem.train --config-name reproduce_paper`` trains every arm a few steps over two
 seeds, ``python -m tandem.analysis.study --study paper`` evaluates each run's selected
-checkpoint on all five sets, runs the displacement analysis and writes the page, whose every
-table must be filled.
+checkpoint on all five sets, measures the per-problem summaries and the pull-back, writes the
+page's inputs and the page, whose every table must be filled, and the inputs alone render it
+again.
 """
 
 from __future__ import annotations
@@ -81,7 +82,9 @@ def test_paper_study_runs_end_to_end(tmp_path: Path) -> None:
 
     page = tmp_path / "paper.md"
     flags = [f"--eval={o}" for o in [f"datasets_dir={data}", *EVAL]]
-    main([str(sweep), "--study", "paper", "--base", "tiny", "--out", str(page), *flags])
+    inputs = tmp_path / "inputs"
+    args = ["--study", "paper", "--base", "tiny", "--out", str(page), "--data", str(inputs)]
+    main([str(sweep), *args, *flags])
     text = page.read_text()
 
     # every run was evaluated on its selected checkpoint, on all five sets
@@ -94,32 +97,28 @@ def test_paper_study_runs_end_to_end(tmp_path: Path) -> None:
         assert claim.title in text
     header = next(line for line in text.splitlines() if line.startswith("| metric | base |"))
     columns = [c.strip() for c in header.split("|")[1:-1]]
-    assert columns[-2:] == ["GRPO seed pairs (null)", "paper (trl / grpo)"]
-    arms_shown = columns[2:-2]
+    assert columns[-1] == "paper (trl / grpo)"
+    arms_shown = columns[2:-1]
     assert sorted(arms_shown) == sorted({a.rsplit("-seed", 1)[0] for a in arms})
-    # the claims' tables: the rows as wide as their header
     rows = [
         line
         for line in text.splitlines()
         if line.startswith("| `") and line.count("|") == header.count("|")
     ]
-    assert len(rows) >= 10
-    displacement = ("`pulled_back`", "`pullback_rho`", "`spearman_top`")
+    assert len(rows) >= 7
     for row in rows:
         metric, *cells = (c.strip() for c in row.split("|")[1:-1])
         for arm, cell in zip(arms_shown, cells[1:], strict=False):
-            # GRPO is the reference of the displacement analysis: it has no value of its own
-            if arm == "grpo" and metric in displacement:
-                continue
             assert cell != "n/a" and "(n=1)" not in cell, (metric, arm, row)
-        # two GRPO seeds: one pair of seeds, two ordered pairs of the displacement analysis (its
-        # correlations may be NaN on so few tokens)
-        null = cells[len(arms_shown) + 1]
-        ordered = "[" in null or "(n=2)" in null
-        assert "(1 pair)" in null if metric not in displacement else ordered, row
-    assert "Per seed: rho" in text
-    assert "## Verdicts before and after the null" in text
-    assert "## Problems: paired intervals and coverage" in text
+    # five sets: every arm against GRPO, macro and micro, for every metric
+    micro = next(line for line in text.splitlines() if line.startswith("| metric | trl − grpo"))
+    assert "trl − grpo (macro)" in micro and "trl − grpo (micro)" in micro
+    # the pull-back of every run against every GRPO seed; the verdicts and the calibration row
+    assert "| 0 | `trl-seed0` |" in text and "| 1 | `grpo-seed0` |" in text
+    assert "## Verdicts" in text and "## Calibration: GRPO seeds against GRPO seeds" in text
+    assert "## Coverage" in text
+    # the committed inputs render the same page alone
+    assert main(["--from-results", str(inputs)]).read_text() == text
 
 
 def len_of(results: dict, name: str) -> int:

@@ -1,5 +1,5 @@
-"""Problem-level intervals: per-problem pass@k from the generations matches the evaluation's own
-figure, the paired bootstrap on differences with a known answer, and coverage."""
+"""Per-problem summaries: each figure rebuilt from them equals the evaluation's own table, the
+arms line up on shared problems, and coverage."""
 
 from __future__ import annotations
 
@@ -8,28 +8,36 @@ from pathlib import Path
 
 import pytest
 
-from tandem.analysis.problems import (
-    arm_pass,
-    coverage,
-    paired_bootstrap,
-    pass_at_k,
-    problem_counts,
-    union_coverage,
-)
+from tandem.analysis.problems import metric_arms, pass_at_k, seen, solved, summarize
+
+FIGURES = ("solo/pass@1", "solo/pass@2", "handoff/pass@1", "handoff/pass@2")
+RATIOS = ("drift/kl", "legibility/overlap", "legibility/junior_ce")
 
 
-def test_per_problem_pass_at_k_matches_the_evaluations_table(eval_outputs: Path) -> None:
+def rebuilt(summary: dict, metric: str) -> float:
+    """A run's figure from its summaries alone, as the study's model reads it."""
+    got = metric_arms({"run": [summary]}, metric)
+    assert got is not None, metric
+    return float(got[0]["run"].runs[0, 0])
+
+
+def test_figures_rebuilt_from_the_summaries_equal_the_evaluations_table(
+    eval_outputs: Path,
+) -> None:
     folder = eval_outputs / "results" / "base"
     table = json.loads((folder / "results.json").read_text())["sets"]["tiny"]
-    for mode in ("solo", "handoff"):
-        counts = problem_counts(folder / "generations", ["tiny"], mode)
-        assert len(counts["tiny"]) == 3 and all(n == 2 for _, n in counts["tiny"].values())
-        for k in (1, 2):
-            per_problem = arm_pass([counts], k)["tiny"]
-            mean = sum(per_problem.values()) / len(per_problem)
-            assert mean == pytest.approx(table[f"{mode}/pass@{k}"])
+    summary = summarize(folder / "generations", ["tiny"])
+    got = summary["tiny"]
+    assert got["problems"] == [0, 1, 2] and got["samples"] == {"solo": 2, "handoff": 2}
+    for metric in FIGURES:
+        assert rebuilt(summary, metric) == pytest.approx(table[metric], abs=1e-12), metric
+    # per-token values are kept to 5 decimals in the generations
+    for metric in RATIOS:
+        assert rebuilt(summary, metric) == pytest.approx(table[metric], abs=1e-5), metric
+    # the summaries are small: a few numbers per problem
+    assert len(json.dumps(summary)) < 600
     with pytest.raises(FileNotFoundError, match="rerun the study"):
-        problem_counts(folder / "generations", ["aime24"], "solo")
+        summarize(folder / "generations", ["aime24"])
 
 
 def test_pass_at_k_is_the_unbiased_estimate() -> None:
@@ -41,25 +49,32 @@ def test_pass_at_k_is_the_unbiased_estimate() -> None:
         pass_at_k(1, 4, 8)
 
 
-def test_paired_bootstrap_finds_a_shift_and_not_a_tie() -> None:
-    problems = range(200)
-    a = {"s": {p: float(p % 2) for p in problems}}  # solved every other problem
-    better = {"s": {p: float(p % 2 or p % 10 == 0) for p in problems}}  # plus 20 more
-    found = paired_bootstrap(better, a)
-    assert found.difference == pytest.approx(0.1) and found.problems == 200
-    assert 0 < found.lo < 0.1 < found.hi
-    # the same problems, the same values: a zero difference with a zero-width interval
-    tie = paired_bootstrap(a, a)
-    assert tie.difference == 0.0 and tie.lo == 0.0 == tie.hi
-    # an arm's problems it alone has are left out: the comparison is paired
-    extra = {"s": {**a["s"], 999: 1.0}}
-    assert paired_bootstrap(extra, a).problems == 200
-    with pytest.raises(ValueError, match="no problem"):
-        paired_bootstrap({"s": {1: 1.0}}, {"s": {2: 1.0}})
+def one_set(problems: list[int], solo: list[int]) -> dict:
+    n = len(problems)
+    return {
+        "problems": problems,
+        "samples": {"solo": 8, "handoff": 0},
+        "solo": solo,
+        "handoff": [0] * n,
+        **{k: [1.0] * n for k in ("kl", "overlap", "ce")},
+        "tokens": [1] * n,
+        "chains": [1] * n,
+    }
+
+
+def test_arms_are_compared_on_the_problems_every_run_has() -> None:
+    a = {"s": one_set([0, 1, 2], [8, 0, 4])}
+    b = {"s": one_set([1, 2, 3], [4, 4, 4])}
+    arms, sets = metric_arms({"a": [a], "b": [b]}, "solo/pass@1")
+    # problems 1 and 2 only: a solved 0 and 4 of 8, b 4 and 4
+    assert arms["a"].runs[0, 0] == pytest.approx(0.25) and arms["b"].runs[0, 0] == 0.5
+    assert sets.tolist() == [0, 0]
+    # a mode without samples has no figure
+    assert metric_arms({"a": [a]}, "handoff/pass@1") is None
 
 
 def test_coverage_counts_problems_solved_at_least_once() -> None:
-    one = {"a": {0: (0, 8), 1: (3, 8)}, "b": {0: (1, 8)}}
-    two = {"a": {0: (2, 8), 1: (0, 8)}, "b": {0: (0, 8)}}
-    assert coverage(one) == (2, 3) and coverage(two) == (1, 3)
-    assert union_coverage([one, two]) == 3
+    one = {"a": one_set([0, 1], [0, 3]), "b": one_set([0], [1])}
+    two = {"a": one_set([0, 1], [2, 0]), "b": one_set([0], [0])}
+    assert solved(one, "solo") == {("a", 1), ("b", 0)} and seen(one) == 3
+    assert len(solved(one, "solo") | solved(two, "solo")) == 3

@@ -1,9 +1,11 @@
-"""The study: finding finished runs, evaluating them once, the displacement per seed, the
-intervals and verdicts, and the page, end to end on tiny stand-in runs."""
+"""The study: finding finished runs, evaluating them once, measuring their inputs (summaries,
+pull-back), writing them, and the page rendered from them, end to end on tiny stand-in runs."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -11,9 +13,12 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from tandem.analysis import study
+from tandem.analysis import inputs, study
 from tandem.analysis.claims import CLAIMS
-from tandem.analysis.study import Study, collect, find_runs, flatten, render
+from tandem.analysis.measure import flatten, measure, render_folder, validation
+from tandem.analysis.problems import metric_arms
+from tandem.analysis.sections import drift_section
+from tandem.analysis.study import Study, find_runs
 from tandem.modules.models import load_causal_lm, load_tokenizer
 
 CONF = str(Path(__file__).resolve().parents[2] / "conf")
@@ -72,60 +77,57 @@ def test_find_runs_keeps_finished_runs_only(runs: Path) -> None:
 
 
 def tiny_study(root: Path) -> Study:
-    return dataclasses.replace(Study.load("tiny"), runs=root)
+    return dataclasses.replace(
+        Study.load("tiny"), runs=root, out=root / "page.md", data=root / "data"
+    )
 
 
-def test_collect_evaluates_once_and_measures_displacement(runs: Path) -> None:
-    values, base, found = collect(tiny_study(runs), EVAL)
+def test_measure_evaluates_once_writes_the_inputs_and_renders_from_them(runs: Path) -> None:
+    found = tiny_study(runs)
+    folder = measure(found, EVAL, "python -m tandem.analysis.study")
     assert (runs / "eval_base" / "results.json").is_file()
-    assert base["drift/kl"] == pytest.approx(0.0, abs=1e-6), "the base against itself"
-    for arm, seeds in (("grpo", [0.0, 1.0]), ("trl", [0.0])):
-        assert values[arm]["seed"] == seeds
-        assert len(values[arm]["solo/pass@1"]) == len(seeds)
-        assert 0.0 <= values[arm]["handoff/pass@2"][0] <= 1.0
-    # the farther senior drifts more from the base, and its displaced items come back under trl
-    assert values["grpo"]["drift/kl"][0] > values["trl"]["drift/kl"][0] > 0.0
-    assert values["trl"]["pulled_back"][0] > 0.9
-    # half-way back along GRPO's own direction: the further GRPO moved an item, the further
-    # Tandem RL moves it back
-    assert values["trl"]["pullback_rho"][0] < -0.5 and values["trl"]["pullback_p"][0] < 0.01
-    assert values["trl"]["pullback_n"] == [500]
-    assert "pulled_back" not in values["grpo"]
-    # read both ways round: GRPO, further out, is seldom closer to the base than TRL
-    assert values["trl"]["pulled_back_swapped"][0] < 0.3
-    assert values["trl"]["pulled_back_asymmetry"][0] > 0.6
-    # the null: each GRPO seed against the other, one pair each way round
-    assert len(values["grpo"]["null/pulled_back"]) == 2
-    assert len(values["grpo"]["null/pulled_back_asymmetry"]) == 2
+    got = inputs.read(folder)
+    assert [(r.arm, r.seed) for r in got.runs] == [("grpo", 0), ("grpo", 1), ("trl", 0)]
+    assert got.base["metrics"]["drift/kl"] == pytest.approx(0.0, abs=1e-6), "base against itself"
+    # each evaluation's commit is recorded beside it and carried into the inputs
+    assert got.runs[0].evaluated == got.study["measured_at"]
+    # every figure rebuilt from the committed summaries equals the evaluation's own
+    for run in got.runs:
+        results = json.loads((runs / run.name / "eval" / "results.json").read_text())
+        table = results["sets"]["tiny"]
+        for metric in ("solo/pass@2", "handoff/pass@1", "drift/kl", "legibility/junior_ce"):
+            arms, _ = metric_arms({"one": [run.problems]}, metric)
+            assert arms["one"].runs[0, 0] == pytest.approx(table[metric], abs=1e-5), metric
+    # the farther senior drifts more from the base
+    kl = {r.name: r.metrics["drift/kl"] for r in got.runs}
+    assert kl["grpo-seed0"] > kl["trl-seed0"] > 0.0
+    # the pull-back of every run against every GRPO seed, with an influence per problem
+    refs = got.pullback["references"]
+    assert sorted(refs) == ["0", "1"] and sorted(refs["0"]["runs"]) == ["grpo-seed1", "trl-seed0"]
+    assert sorted(refs["1"]["runs"]) == ["grpo-seed0"]
+    pair = refs["0"]["runs"]["trl-seed0"]
+    assert len(pair["influence"]) == 4 and pair["items"] == 56  # 5% of 1,110 items
+    assert abs(sum(pair["influence"])) < 1e-6
+    # a finished evaluation is reused, not redone, and the inputs come out the same
     results = runs / "trl-seed0" / "eval" / "results.json"
     stamp = results.stat().st_mtime_ns
-    again, _, _ = collect(tiny_study(runs), EVAL)
-    assert results.stat().st_mtime_ns == stamp, "a finished evaluation is reused, not redone"
-    assert again == values
-    # a comparison with another world needs its evaluations only, not its pull-back
-    (runs / "grpo-seed0" / "eval" / "displacement.json").unlink()
-    measured, _, _ = collect(tiny_study(runs), EVAL, pullback=False)
-    assert "pulled_back" not in measured["trl"]
-    assert not (runs / "grpo-seed0" / "eval" / "displacement.json").exists()
-    assert measured["trl"]["drift/kl"] == values["trl"]["drift/kl"]
-    page = render(
-        values, base, found, tiny_study(runs), "python -m tandem.analysis.study", margin=0.05
-    )
+    before = {p.name: p.read_bytes() for p in folder.rglob("*.json")}
+    measure(found, EVAL, "python -m tandem.analysis.study")
+    assert results.stat().st_mtime_ns == stamp
+    assert {p.name: p.read_bytes() for p in folder.rglob("*.json")} == before
+    page = render_folder(folder).read_text()
     for claim in CLAIMS:
         assert claim.title in page
-    assert "| `drift/kl` | 0.000 |" in page
-    assert "| `greedy/solo/pass@1` |" in page
-    assert "0.022 / 0.026" in page
-    assert "equivalent within ±0.05" in page
-    assert "| `pullback_rho` | - | n/a |" in page  # grpo is the reference: no value of its own
-    assert "Per seed: rho -" in page and "n = 500)" in page
-    assert "## Verdicts before and after the null" in page
-    # one Tandem RL seed: the null can be set beside it, but gives no interval to judge by
-    assert "No interval with one Tandem RL seed" in page
-    assert "| `spearman_top` |" in page
-    assert "## Problems: paired intervals and coverage" in page
-    assert "| `solo/pass@1` | " in page and "(4 problems)" in page
+    assert "## Verdicts" in page and "## Calibration: GRPO seeds against GRPO seeds" in page
+    assert "| `greedy/solo/pass@1` |" in page and "0.0220 / 0.0260" in page
+    assert "## The pull-back, seed by seed" in page and "| 0 | `trl-seed0` |" in page
     assert "| grpo | " in page and "union of 2 seeds" in page
+    # one Tandem RL seed gives no interval: no verdict is drawn from it
+    assert "| 1 | `solo/pass@1` | ±0.02 | +" in page and "No interval" in page
+    # the page from the committed inputs alone, with no run on disk, is the same
+    shutil.rmtree(runs / "grpo-seed0" / "eval")
+    again = study.main(["--from-results", str(folder)])
+    assert again.read_text() == page
 
 
 def test_an_interrupted_evaluation_is_redone_whole(tmp_path: Path, monkeypatch) -> None:
@@ -150,9 +152,7 @@ def test_an_interrupted_evaluation_is_redone_whole(tmp_path: Path, monkeypatch) 
     assert not (tmp_path / "eval.partial").exists()
 
 
-def test_validation_curves_average_seeds_and_read_resumed_logs(tmp_path: Path) -> None:
-    from tandem.analysis.study import Run, curves_section
-
+def test_validation_curves_read_resumed_logs(tmp_path: Path) -> None:
     def log(folder: Path, version: int, rows: list[tuple[int, float, float]]) -> None:
         path = folder / "csv" / f"version_{version}" / "metrics.csv"
         path.parent.mkdir(parents=True)
@@ -161,14 +161,13 @@ def test_validation_curves_average_seeds_and_read_resumed_logs(tmp_path: Path) -
         lines += ["5,0.5,,"]  # a training row: no validation values
         path.write_text("\n".join(lines) + "\n")
 
-    a, b = tmp_path / "grpo-seed0", tmp_path / "grpo-seed1"
-    log(a, 0, [(19, 0.4, 0.3)])
-    log(a, 1, [(39, 0.5, 0.4)])  # resumed: a second CSV version
-    log(b, 0, [(19, 0.6, 0.5), (39, 0.7, 0.6)])
-    runs = [Run(a, "grpo", 0, 40), Run(b, "grpo", 1, 40)]
-    table = "\n".join(curves_section(runs, ["grpo"]))
-    assert "| 19 | 0.500 / 0.400 |" in table
-    assert "| 39 | 0.600 / 0.500 |" in table
+    run = tmp_path / "grpo-seed0"
+    log(run, 0, [(19, 0.4, 0.3)])
+    log(run, 1, [(39, 0.5, 0.4)])  # resumed: a second CSV version
+    assert validation(run) == {
+        "val/solo/accuracy": {"19": 0.4, "39": 0.5},
+        "val/tandem/accuracy": {"19": 0.3, "39": 0.4},
+    }
 
 
 def test_studies_name_their_sets_and_merge_overrides() -> None:
@@ -206,26 +205,41 @@ def test_each_choice_of_senior_has_its_own_evaluation(tmp_path: Path) -> None:
     assert run.evaluated("last") == (str(run.senior), run.senior, run.path / "eval_last")
 
 
-def _drift(kl, ce, solo, handoff, greedy=None):
-    grpo = {"drift/kl": kl, "legibility/junior_ce": ce, "solo/pass@1": solo}
-    grpo["handoff/pass@1"] = handoff
-    if greedy:
-        grpo["greedy/solo/pass@1"], grpo["greedy/handoff/pass@1"] = greedy
-    return {"grpo": grpo, "trl": {"drift/kl": [9.0, 9.0, 9.0]}}
+def test_a_study_states_every_margin_before_the_data() -> None:
+    tiny = Study.load("tiny")
+    margins = dict(tiny.margins)
+    del margins["drift/kl"]
+    with pytest.raises(ValueError, match=r"margins lacks \['drift/kl'\]"):
+        dataclasses.replace(tiny, margins=margins)
+    with pytest.raises(ValueError, match=r"margins.drift/kl .* positive margin"):
+        dataclasses.replace(tiny, margins={**tiny.margins, "drift/kl": {"margin": 0, "reason": ""}})
+    for name in ("tiny", "notation", "paper"):
+        assert all(m["reason"] for m in Study.load(name).margins.values())
 
 
-def test_drift_section_sets_grpo_against_another_world(tmp_path: Path) -> None:
-    here = Study("t", tmp_path / "here", tmp_path / "p.md", "tiny", ("tiny",), compare="tiny")
-    other = Study("t", Path("multirun/tiny_world"), tmp_path / "q.md", "tiny", ("tiny",))
-    ours = _drift([0.20, 0.22, 0.25], [0.30, 0.35, 0.40], [0.20, 0.19, 0.21], [0.10, 0.12, 0.11])
-    theirs = _drift(
-        [0.007, 0.008, 0.006],
-        [0.30, 0.36, 0.41],
-        [0.35, 0.36, 0.34],
-        [0.36, 0.37, 0.35],
-        greedy=([0.5, 0.5, 0.5], [0.51, 0.52, 0.53]),
-    )
-    lines = study.drift_section(ours, theirs, here, other)
+def run_inputs(arm: str, seed: int, metrics: dict) -> inputs.RunInputs:
+    return inputs.RunInputs(arm, seed, f"x/{arm}-seed{seed}", 60, [], "abc", metrics, {}, {})
+
+
+def world(folder: str, grpo: dict[str, list[float]]) -> inputs.Inputs:
+    """Inputs with GRPO's per-seed ``grpo[metric]`` and a trl arm far away."""
+    runs = [run_inputs("grpo", i, {k: v[i] for k, v in grpo.items()}) for i in range(3)]
+    runs += [run_inputs("trl", i, {"drift/kl": 9.0}) for i in range(3)]
+    spec = {"runs": folder, "data": f"docs/results/data/{folder}", "checkpoint": "selected"}
+    return inputs.Inputs(Path(folder), {**spec, "compare": "tiny"}, {}, runs, {})
+
+
+def test_drift_section_sets_grpo_against_another_world() -> None:
+    ours = world("here", {
+        "drift/kl": [0.20, 0.22, 0.25], "legibility/junior_ce": [0.30, 0.35, 0.40],
+        "solo/pass@1": [0.20, 0.19, 0.21], "handoff/pass@1": [0.10, 0.12, 0.11],
+    })  # fmt: skip
+    theirs = world("multirun/tiny_world", {
+        "drift/kl": [0.007, 0.008, 0.006], "legibility/junior_ce": [0.30, 0.36, 0.41],
+        "solo/pass@1": [0.35, 0.36, 0.34], "handoff/pass@1": [0.36, 0.37, 0.35],
+        "greedy/solo/pass@1": [0.5, 0.5, 0.5], "greedy/handoff/pass@1": [0.51, 0.52, 0.53],
+    })  # fmt: skip
+    lines = drift_section(ours, theirs)
     text = "\n".join(lines)
     rows = {line.split(" | ")[0].lstrip("| "): line for line in lines if line.startswith("| ")}
     # each seed's drop is its own solo minus its own handoff: 0.10, 0.07, 0.10 here
@@ -235,24 +249,15 @@ def test_drift_section_sets_grpo_against_another_world(tmp_path: Path) -> None:
     assert "larger here" in verdicts["KL to the base (nats per token)"]
     assert "larger here" in verdicts["solo minus handoff pass@1"]
     # the same cross-entropies in both worlds: no difference to detect
-    assert (
-        "contains zero"
-        in verdicts["the junior's cross-entropy on the senior's text (nats per token)"]
-    )
-    # a measure one world lacks is said to be missing, not dropped
-    assert "not measured" in verdicts["greedy solo minus handoff accuracy"]
+    ce = "the junior's cross-entropy on the senior's text (nats per token)"
+    assert "contains zero" in verdicts[ce]
+    # a measure one world lacks has no difference, not a made-up one
+    assert rows["greedy solo minus handoff accuracy"].endswith("| n/a |")
     # only GRPO is compared: the trl arm's values appear nowhere
     assert "9.000" not in text
     assert "`multirun/tiny_world`" in lines[0]
-
-
-def test_a_comparison_without_runs_says_so(tmp_path: Path, monkeypatch) -> None:
-    empty = Study("t", tmp_path / "none", tmp_path / "q.md", "tiny", ("tiny",))
-    monkeypatch.setattr(Study, "load", classmethod(lambda cls, name: empty))
-    here = Study("t", tmp_path / "here", tmp_path / "p.md", "tiny", ("tiny",), compare="tiny")
-    lines = study.against(here, {}, [])
-    assert lines[0].startswith("## GRPO's drift") and "no finished training run" in lines[2]
-    assert study.against(dataclasses.replace(here, compare=None), {}, []) == []
+    # no inputs for the other world: said so
+    assert "Not measured" in "\n".join(drift_section(ours, None))
 
 
 def test_the_notation_study_is_set_against_the_tiny_world() -> None:
@@ -261,13 +266,15 @@ def test_the_notation_study_is_set_against_the_tiny_world() -> None:
 
 
 def test_the_comparison_can_be_left_out_from_the_command_line(tmp_path: Path, monkeypatch) -> None:
+    import tandem.analysis.measure
+
     seen = []
 
-    def fake_collect(found, overrides, pullback=True):
+    def fake_measure(found, overrides, command):
         seen.append(found.compare)
         raise SystemExit(0)  # stop before evaluating anything
 
-    monkeypatch.setattr(study, "collect", fake_collect)
+    monkeypatch.setattr(tandem.analysis.measure, "measure", fake_measure)
     for flag, want in (([], "tiny"), (["--compare", "none"], None)):
         with pytest.raises(SystemExit):
             study.main(["--study", "notation", "--out", str(tmp_path / "p.md"), *flag])

@@ -157,7 +157,7 @@ def plan(*args: str) -> subprocess.CompletedProcess:
     "args, words",
     [
         (["batch_size=-4"], "batch_size (-4) must be a positive integer"),
-        (["--devices", "1x0"], "must be COUNTxGIB with a count >= 1 and a size > 0"),
+        (["--devices", "1x0"], "must be COUNTxKIND or COUNTxGIB with a count >= 1 and a size > 0"),
         (["--devices", "2x80", "trainer=gpu"], "the run uses 1 of them"),
         (["--config-name", "reproduce_paper", "--devices", "3x80"], "the run uses 2 of them"),
     ],

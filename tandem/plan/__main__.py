@@ -65,8 +65,9 @@ def _devices_arg(text: str) -> tuple[int, int, Device | None]:
     zero = match is not None and match.group(2)[0].isdigit() and float(match.group(2)) <= 0
     if not match or int(match.group(1)) < 1 or zero:
         raise ConfigError(
-            f"--devices ({text!r}) must be COUNTxKIND or COUNTxGIB: e.g. 2xa100 for two A100 "
-            f"80 GB (kinds: {', '.join(NAMED)}), or 2x80 for two 80 GiB devices."
+            f"--devices ({text!r}) must be COUNTxKIND or COUNTxGIB with a count >= 1 and a size "
+            f"> 0: e.g. 2xa100 for two A100 80 GB (kinds: {', '.join(NAMED)}), or 2x80 for two "
+            "80 GiB devices."
         )
     count, size = int(match.group(1)), match.group(2)
     if size[0].isalpha():

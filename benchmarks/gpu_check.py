@@ -194,14 +194,19 @@ def compare(steps: list[dict[str, Any]], plan: Any, predicted: dict | None) -> d
     return out
 
 
-def planned_seconds(cfg: Any, world: int) -> dict[str, float] | None:
-    """The time plan's seconds a phase on this machine's GPU, where it is there."""
-    if importlib.util.find_spec("tandem.plan.time") is None:
-        return None
-    from tandem.plan import time as time_plan
+def planned_seconds(cfg: Any, plan: Any) -> dict[str, float] | None:
+    """The time plan's seconds a phase on this machine's GPU (None where the plan does not know
+    its kind), in the meter's phases: the old and reference passes are one call here."""
+    from tandem.plan.devices import local_gpu
+    from tandem.plan.time import make_time_plan
 
-    predict = getattr(time_plan, "phase_seconds_here", None)
-    return None if predict is None else predict(cfg, world)
+    device = local_gpu()
+    if device is None:
+        return None
+    timed = make_time_plan(cfg, plan, device)
+    seconds = {phase: timed.phase_s(phase) for phase in timed.phases}
+    seconds["old_logprobs"] = seconds.get("old_logprobs", 0.0) + seconds.pop("ref_logprobs", 0.0)
+    return seconds
 
 
 def worker(out: Path, steps: int, overrides: list[str], config_name: str, paper: bool) -> None:
@@ -230,7 +235,7 @@ def worker(out: Path, steps: int, overrides: list[str], config_name: str, paper:
             if paper:
                 world = trainer.world_size
                 plan = make_plan(cfg, world, fixes=False)
-                result["phases"] = compare(meter.steps, plan, planned_seconds(cfg, world))
+                result["phases"] = compare(meter.steps, plan, planned_seconds(cfg, plan))
                 result["plan_peak_gib"] = round(plan.peak / 2**30, 2)
                 result["plan_fits"] = plan.fits
             (out / f"{rank}.json").write_text(json.dumps(result))

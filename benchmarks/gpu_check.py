@@ -12,13 +12,14 @@ Run on a GPU machine (about 5 minutes on one H200): ``python benchmarks/gpu_chec
    ``cuda:1`` (the paper's layout, the engine queueing the junior's forward while the senior's
    runs), and both on ``cuda:0``, to compare;
 4. ``paper_shaped``: Qwen3-4B's shape from the shipped ``config.json`` with random weights
-   (nothing downloaded; the tiny world's tokenizer and problems), the paper recipe's layout
-   (``--config-name reproduce_paper``: FSDP2 on one process, bf16 compute, offload between
-   phases, checkpointing, the 10,000-token packed update) at a reduced batch (``--paper-batch``
-   rows of ``--paper-tokens`` new tokens), ``--paper-steps`` steps with the torch engine; each
-   phase (rollout, old log-probs, update, optimizer step, offload moves) timed and its peak
-   memory on every device measured, beside the memory plan's figure (and the time plan's,
-   where ``tandem.plan.time`` is there). The vLLM pair runs the same where vLLM is installed.
+   (nothing downloaded; the tiny world's tokenizer and problems), the paper's recipe in the
+   authors' layout (``--config-name reproduce_paper`` with ``trainer=paper_gpus``: FSDP2 on one
+   process, bf16 compute, offload between phases, checkpointing, the 10,000-token packed
+   update) at a reduced batch (``--paper-batch`` rows of ``--paper-tokens`` new tokens),
+   ``--paper-steps`` steps with the torch engine; each phase (rollout, old log-probs, update,
+   optimizer step, offload moves) timed and its peak memory on every device measured, beside
+   the memory plan's figure and the time plan's (where the plan knows the GPU). Where vLLM is
+   installed, the shipped layout runs the same: the vLLM pair on each process.
 
 Prints one JSON object. Exits 1 when a run fails, 2 when there is no GPU. ``tests/
 test_gpu_check.py`` runs it where a GPU is present; CI (no GPU) skips it.
@@ -76,10 +77,13 @@ def runs(gpus: int) -> dict[str, list[str]]:
 
 
 def paper_overrides(folder: str, gpus: int, rows: int, tokens: int, steps: int) -> list[str]:
-    """``reproduce_paper`` at a reduced batch on this machine: the shapes and layout kept."""
+    """``reproduce_paper`` at a reduced batch on this machine, in the authors' layout on the
+    torch engine (the senior's one FSDP2 process on cuda:0, the junior on cuda:1 where there is
+    one): the shapes and the layout kept."""
     return [
         f"model.name_or_path={folder}",
-        # the junior on its own card where there is one, as the authors' layout has it
+        "backend=torch",
+        "trainer=paper_gpus",
         "model.junior_device=" + ("cuda:1" if gpus >= 2 else "null"),
         "data=tiny",
         "world=tiny",
@@ -90,6 +94,14 @@ def paper_overrides(folder: str, gpus: int, rows: int, tokens: int, steps: int) 
         "threads=null",
         *QUIET,
     ]
+
+
+def pair_overrides(gpus: int) -> list[str]:
+    """The shipped layout, where vLLM is installed: the vLLM pair on each of the processes
+    (FSDP2 over two cards where there are two, one process on one)."""
+    return ["backend=vllm_pair", "model.junior_device=null"] + (
+        ["trainer=paper_fsdp"] if gpus >= 2 else []
+    )
 
 
 def build_paper_model(folder: Path) -> None:
@@ -297,8 +309,7 @@ def paper_shaped(tmp: Path, args: argparse.Namespace, gpus: int) -> dict[str, An
     if importlib.util.find_spec("vllm") is None:
         result["vllm"] = {"skipped": "vLLM is not installed on this machine"}
     else:
-        vllm = ["module.backend.name=vllm", "+module.backend.dtype=bfloat16"]
-        result["vllm"] = launch(tmp, "paper_vllm", args, [*base, *vllm], **how)
+        result["vllm"] = launch(tmp, "paper_vllm", args, [*base, *pair_overrides(gpus)], **how)
     return result
 
 

@@ -49,6 +49,7 @@ def test_every_run_of_the_check_is_a_valid_config(gpus: int, tmp_path: Path) -> 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("reproduce_paper", [*overrides, "output_dir=x"])
     validate_train_config(cfg, world_size=1)
+    assert cfg.module.backend.name == "torch" and cfg.trainer.devices == 1
     assert cfg.trainer.strategy.offload == "between_phases"
     assert cfg.trainer.strategy.activation_checkpointing
     assert cfg.module.max_tokens_per_micro_batch == 10000 and cfg.group_size == 8
@@ -56,6 +57,11 @@ def test_every_run_of_the_check_is_a_valid_config(gpus: int, tmp_path: Path) -> 
     h200s = tuple((f"cuda:{i}", 141 * GiB) for i in range(gpus))
     plan = make_plan(cfg, 1, devices=h200s, fixes=False)
     assert plan.fits and set(plan.phase_bytes()) >= {"rollout", "old_logprobs", "update", "step"}
+    # the shipped layout, where vLLM is installed: the pair on each process
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        pair = compose("reproduce_paper", [*overrides, *check.pair_overrides(2), "output_dir=x"])
+    assert pair.module.backend.name == "vllm" and pair.trainer.devices == 2
+    assert pair.model.junior_device is None
 
 
 @pytest.mark.skipif(

@@ -19,6 +19,7 @@ from transformers import AutoConfig
 from tandem.errors import ConfigError
 from tandem.plan import GiB, PlanError, check_plan, make_plan, model_shape
 from tandem.plan.activations import kv_pass_bytes, layer_bytes_per_token, slot_bytes
+from tests.paper_layouts import AUTHORS
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -53,7 +54,7 @@ def qwen3_4b(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def paper(model: str, *overrides: str):
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose("reproduce_paper", [f"model.name_or_path={model}", *overrides])
+        return compose("reproduce_paper", [f"model.name_or_path={model}", *AUTHORS, *overrides])
 
 
 def devices(count: int, gib: float) -> tuple[tuple[str, int], ...]:
@@ -239,7 +240,7 @@ def test_the_cli_ends_with_one_json_line(qwen3_4b: str) -> None:
     out = subprocess.run(
         [
             *(sys.executable, "-m", "tandem.plan", "--config-name", "reproduce_paper"),
-            *(f"model.name_or_path={qwen3_4b}", "--devices", "2x80", *SINGLE),
+            *(f"model.name_or_path={qwen3_4b}", "--devices", "2x80", *AUTHORS, *SINGLE),
         ],
         cwd=ROOT,
         capture_output=True,

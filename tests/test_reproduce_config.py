@@ -96,7 +96,10 @@ def test_arms_differ_only_in_rollout_structure_and_kl(name: str) -> None:
 def test_paper_study_carries_the_authors_recipe() -> None:
     cfg = study_config("reproduce_paper", "experiment=paper/trl", "seed=0")
     assert cfg.model.name_or_path == "Qwen/Qwen3-4B-Instruct-2507"
-    assert cfg.model.junior_device == "cuda:1" and cfg.trainer.accelerator == "gpu"
+    # the layout the plans make fastest on 2 x 80 GB: FSDP2 over both cards, the vLLM pair on each
+    assert cfg.model.junior_device is None and cfg.trainer.accelerator == "gpu"
+    assert cfg.trainer.devices == 2 and cfg.trainer.strategy.offload == "between_phases"
+    assert cfg.module.backend.name == "vllm" and cfg.module.backend.dtype == "bfloat16"
     assert cfg.data.path == "agentica-org/DeepScaleR-Preview-Dataset"
     assert (cfg.data.holdout, cfg.data.holdout_seed) == (1000, 0)
     assert (cfg.batch_size // cfg.group_size, cfg.group_size) == (16, 8)

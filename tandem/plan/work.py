@@ -43,7 +43,7 @@ FRESH_BYTES = 32 * 2**20
 # dispatched ops of one decoder layer and of the rest of the model (embeddings, norm, masks,
 # the head) in each kind of pass: a decode step through the engine's reader, a prefill chunk,
 # a packed log-prob forward without gradients, and one with gradients and its backward
-OPS = {"decode": (76, 34), "prefill": (95, 54), "logprobs": (105, 33), "train": (312, 100)}
+OPS = {"decode": (76, 39), "prefill": (95, 54), "logprobs": (105, 33), "train": (312, 100)}
 # ... of each LM-head chunk of a packed pass (without gradients, and with them and backward)
 CHUNK_OPS = {"logprobs": 11, "train": 50}
 # ... of a layer's forward recomputed in backward under activation checkpointing

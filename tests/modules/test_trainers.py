@@ -222,6 +222,7 @@ def test_the_paper_layout_moves_shards_and_optimizer_state_between_phases(
 def test_every_multi_process_strategy_runs_two_processes() -> None:
     processes = {name: on_cpu(name)[1] for name in TRAINERS}
     assert processes["ddp"] == processes["fsdp"] == processes["fsdp_gpu"] == 2
+    assert processes["paper_fsdp"] == 2
     assert processes["cpu"] == processes["gpu"] == processes["paper_gpus"] == 1
     # the paper's layout keeps its own settings on the CPU: verl's offload and checkpointing
     strategy = trainer_spec("paper_gpus")["strategy"]

@@ -115,10 +115,16 @@ def _plan(cfg: DictConfig, devices_arg: str | None, host_gib: float | None = Non
     plan: the config's own problems and its model folders are checked first, as a run checks
     them, so that the formulas never meet a value they cannot take."""
     from tandem.config import check_before_imports
-    from tandem.config_models import check_model_folder
     from tandem.train import world_size
 
+    # the arguments first: they need no library (the model folders' check loads transformers)
+    accelerator = _accelerator(cfg)
+    devices = None if devices_arg is None else parse_devices(devices_arg, accelerator)
+    if host_gib is not None and not host_gib > 0:
+        raise ConfigError(f"--host-gib ({host_gib:g}) must be a size in GiB above 0.")
     check_before_imports(cfg, world_size(cfg))
+    from tandem.config_models import check_model_folder
+
     problems: list[str] = []
     for key in ("name_or_path", "junior_name_or_path"):
         value = cfg.model.get(key)
@@ -126,11 +132,7 @@ def _plan(cfg: DictConfig, devices_arg: str | None, host_gib: float | None = Non
             check_model_folder(problems, f"model.{key}", value, tokenizer=False)
     if problems:
         raise ConfigError("\n".join(problems))
-    accelerator = _accelerator(cfg)
-    devices = None
-    if devices_arg is not None:
-        devices = parse_devices(devices_arg, accelerator)
-    elif accelerator == "gpu":
+    if devices_arg is None and accelerator == "gpu":
         import torch
 
         if not torch.cuda.is_available():
@@ -138,8 +140,6 @@ def _plan(cfg: DictConfig, devices_arg: str | None, host_gib: float | None = Non
                 "the config trains on GPUs and this machine has no CUDA: give the devices "
                 "to plan for, e.g. --devices 2x80."
             )
-    if host_gib is not None and not host_gib > 0:
-        raise ConfigError(f"--host-gib ({host_gib:g}) must be a size in GiB above 0.")
     host = None if host_gib is None else int(host_gib * GiB)
     plan = make_plan(cfg, devices=devices, host_bytes=host)
     idle = [d.name for d in plan.devices if not d.phases]

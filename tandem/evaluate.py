@@ -42,6 +42,7 @@ from tandem.evaluation.sets import build_sets
 from tandem.modules.export import check_senior
 from tandem.registry import REWARDS
 from tandem.runs import RunRefused
+from tandem.runs import stop as stop_signals
 from tandem.runs.checkpoints import is_distributed_checkpoint, verify
 from tandem.runs.report import run_label
 
@@ -51,6 +52,8 @@ log = logging.getLogger(__name__)
 def run(cfg: DictConfig) -> dict[str, Any]:
     """Validate, load, evaluate every set; returns what ``results.json`` holds."""
     validate_eval_config(cfg)
+    # a stop a training run in this process asked for (a notebook's, a test's) is not this one's
+    stop_signals.clear()
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(cfg.threads or threads)

@@ -362,3 +362,25 @@ def test_an_evaluations_aim_run_is_named_by_its_label(tmp_path: Path) -> None:
     RepoIndexManager.get_index_manager(repo).index(run_hash)
     (aim_run,) = list(Repo.from_path(str(tmp_path / "aim")).iter_runs())
     assert aim_run.name == "eval: trl-seed0" and aim_run["results_dir"] == "x"
+
+
+def test_a_stop_left_raised_by_an_earlier_run_does_not_stop_an_evaluation(tmp_path) -> None:
+    # a training run stopped by a signal leaves the module's flag raised in its process (a
+    # notebook's kernel, a test worker); an evaluation started after it is a run of its own
+    from tandem.runs import stop
+
+    stop.request(15)
+    try:
+        cfg = eval_config(
+            f"output_dir={tmp_path}",
+            "senior=tiny",
+            "eval.tiny.limit=2",
+            "eval.tiny.n=2",
+            "eval.tiny.ks=[1,2]",
+            "eval.tiny.max_new_tokens=16",
+            *QUICK,
+        )
+        results = run(cfg)
+    finally:
+        stop.clear()
+    assert results["sets"]["tiny"]["solo/pass@1"] >= 0

@@ -52,6 +52,7 @@ from torch import nn
 
 from tandem.engine.base import Lockstep
 from tandem.modules.models import DTYPES
+from tandem.plan.time_settings import offload_mode
 from tandem.runs.checkpoints import write_folder_checksums
 from tandem.runs.faults import fault_point
 
@@ -60,8 +61,6 @@ _RESHARD: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary
 
 # how the torch engine's rollouts read a sharded senior (``gathered``)
 ROLLOUT_GATHERS = ("whole", "per_layer")
-# where the senior's shards and optimizer state live (``FSDP2Strategy.offload``)
-OFFLOADS = ("none", "fsdp", "between_phases")
 
 
 class FSDP2Strategy(ModelParallelStrategy):
@@ -80,6 +79,8 @@ class FSDP2Strategy(ModelParallelStrategy):
             the slowest step). ``between_phases``: on the host between phases, moved to the
             device for the phases that read them and back after the update (verl's
             ``param_offload`` and ``optimizer_offload``; ``place``). GPUs only.
+        cpu_offload: the older spelling of ``offload``: true is ``fsdp``, false any other
+            layout (None: not given; a contradiction of ``offload`` is refused).
         reshard_after_forward: free each layer's gathered parameters after its forward (less
             memory) rather than keep them for backward (one all-gather fewer per layer).
         activation_checkpointing: keep only each layer's input from the forward pass and
@@ -106,6 +107,7 @@ class FSDP2Strategy(ModelParallelStrategy):
         param_dtype: str | None = None,
         reduce_dtype: str | None = None,
         offload: str = "none",
+        cpu_offload: bool | None = None,
         reshard_after_forward: bool = True,
         activation_checkpointing: bool = False,
         rollout_gather: str = "whole",
@@ -119,12 +121,7 @@ class FSDP2Strategy(ModelParallelStrategy):
                 "how rollouts read the sharded senior. Set trainer.strategy.rollout_gather="
                 "per_layer where the whole senior does not fit beside its shards, else whole."
             )
-        if offload not in OFFLOADS:
-            raise ValueError(
-                f"strategy.offload ({offload!r}) must be one of {OFFLOADS}: where the senior's "
-                "float32 shards and AdamW state live. between_phases is verl's offload (the "
-                "authors'), fsdp FSDP2's CPUOffloadPolicy; none keeps them on the device."
-            )
+        offload = offload_mode({"offload": offload, "cpu_offload": cpu_offload})
         for key, value in (("param_dtype", param_dtype), ("reduce_dtype", reduce_dtype)):
             if value is not None and value not in DTYPES:
                 raise ValueError(

@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tandem.errors import ConfigError
 from tandem.plan.shape import DTYPE_BYTES, ModelShape, model_shape
+from tandem.plan.time_settings import offload_mode
 
 FSDP2_TARGET = "tandem.modules.sharding.FSDP2Strategy"
 # the LM-head chunk of tandem.modules.logprobs, the default of module.logprob_chunk_tokens
@@ -132,7 +133,7 @@ class Settings:
             precision=precision,
             param_dtype=fsdp.get("param_dtype"),
             reduce_dtype=fsdp.get("reduce_dtype"),
-            offload=str(fsdp.get("offload", "none")),
+            offload=offload_mode(fsdp),
             activation_checkpointing=bool(fsdp.get("activation_checkpointing", False)),
             rollout_gather=fsdp.get("rollout_gather", "whole"),
             reshard_after_forward=bool(fsdp.get("reshard_after_forward", True)),

@@ -80,7 +80,9 @@ class TimeSettings:
 
 
 def offload_mode(strategy: dict[str, Any]) -> str:
-    """``trainer.strategy.offload`` (``none`` where the strategy has no such key)."""
+    """``trainer.strategy.offload`` (``none`` where the strategy has no such key), read with
+    its older spelling ``cpu_offload`` where given: true is FSDP2's CPU offload (``fsdp``),
+    false any layout but that one. The one reading of both, for the strategy and the plans."""
     mode = strategy.get("offload", "none")
     if mode not in OFFLOADS:
         raise ConfigError(
@@ -88,7 +90,16 @@ def offload_mode(strategy: dict[str, Any]) -> str:
             "FSDP2's CPU offload (fsdp), or the shards and AdamW state on the host between "
             "phases (between_phases)."
         )
-    return str(mode)
+    old = strategy.get("cpu_offload")
+    if old is None:
+        return str(mode)
+    if (bool(old) and mode == "between_phases") or (not old and mode == "fsdp"):
+        raise ConfigError(
+            f"trainer.strategy.cpu_offload ({old}) contradicts trainer.strategy.offload "
+            f"({mode!r}): cpu_offload is the older spelling of offload=fsdp. Set offload alone "
+            "and leave cpu_offload null."
+        )
+    return "fsdp" if old else str(mode)
 
 
 def vllm_levers(backend: dict[str, Any], gpu: bool) -> tuple[bool, bool]:

@@ -142,6 +142,19 @@ def test_the_offload_and_vllm_readings() -> None:
     assert offload_mode({"offload": "between_phases"}) == "between_phases"
     with pytest.raises(ConfigError, match=r"'sometimes'.*none, fsdp, between_phases"):
         offload_mode({"offload": "sometimes"})
+    # the older spelling: true is FSDP2's CPU offload, false leaves any other layout as it is
+    assert offload_mode({"offload": "none", "cpu_offload": True}) == "fsdp"
+    assert offload_mode({"offload": "between_phases", "cpu_offload": False}) == "between_phases"
+    assert offload_mode({"offload": "between_phases", "cpu_offload": None}) == "between_phases"
+    for contradiction in ({"offload": "fsdp", "cpu_offload": False},
+                          {"offload": "between_phases", "cpu_offload": True}):  # fmt: skip
+        with pytest.raises(ConfigError, match=r"cpu_offload .* contradicts"):
+            offload_mode(contradiction)
+    # the shipped paper layout takes the older key as a device override, and keeps its layout
+    kept = config("trainer.strategy.cpu_offload=false")
+    assert config().trainer.strategy.cpu_offload is None
+    memory = make_plan(kept, devices=(("cuda:0", 80 * 2**30),) * 2, fixes=False)
+    assert memory.settings.offload == "between_phases"
     assert vllm_levers({}, gpu=True) == (True, True)
     assert vllm_levers({}, gpu=False) == (False, False)
     assert vllm_levers({"engine_args": {"enforce_eager": True}, "sleep": False}, gpu=True) == (
